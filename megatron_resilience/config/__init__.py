@@ -1,0 +1,17 @@
+"""Plain-data configuration. Importing it never imports torch or megatron."""
+
+from megatron_resilience.config._validate import CATCHABLE_SIGNALS, ConfigError
+from megatron_resilience.config.checkpoint import CheckpointConfig
+from megatron_resilience.config.data import DataConfig
+from megatron_resilience.config.model import ModelConfig
+from megatron_resilience.config.optimizer import OptimizerConfig
+from megatron_resilience.config.parallel import ParallelConfig
+from megatron_resilience.config.pretrain import SECTIONS, PretrainConfig
+from megatron_resilience.config.resilience import FaultToleranceConfig, RerunConfig, StragglerConfig
+from megatron_resilience.config.training import TrainingConfig
+
+__all__ = [
+    "CATCHABLE_SIGNALS", "CheckpointConfig", "ConfigError", "DataConfig", "FaultToleranceConfig", "ModelConfig",
+    "OptimizerConfig", "ParallelConfig", "PretrainConfig", "RerunConfig", "SECTIONS", "StragglerConfig",
+    "TrainingConfig",
+]

@@ -1,0 +1,29 @@
+"""Checkpointing with Megatron-Core dist_checkpointing: where, how often, how many to keep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_resilience.config._validate import check_int, fail
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    save: str | None = None  # directory; None -> never save
+    load: str | None = None  # directory to resume from; None -> same as `save`
+    save_interval: int | None = None  # steps; None -> only at the end / on graceful exit
+    keep_last_n: int | None = None  # None -> keep every checkpoint
+    async_save: bool = False
+    save_on_exit: bool = True  # save when training ends (max_steps, signal, duration, straggler)
+
+    def __post_init__(self) -> None:
+        check_int("checkpoint.save_interval", self.save_interval, minimum=1, allow_none=True)
+        check_int("checkpoint.keep_last_n", self.keep_last_n, minimum=1, allow_none=True)
+        if self.save_interval is not None and self.save is None:
+            fail("checkpoint.save", "must be set when checkpoint.save_interval is set", None)
+        if self.async_save and self.save is None:
+            fail("checkpoint.save", "must be set when checkpoint.async_save is true", None)
+
+    @property
+    def load_dir(self) -> str | None:
+        return self.load or self.save

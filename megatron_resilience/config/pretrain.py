@@ -1,0 +1,64 @@
+"""The one top-level config: every section, plus the checks that span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config.checkpoint import CheckpointConfig
+from megatron_resilience.config.data import DataConfig
+from megatron_resilience.config.model import ModelConfig
+from megatron_resilience.config.optimizer import OptimizerConfig
+from megatron_resilience.config.parallel import ParallelConfig
+from megatron_resilience.config.resilience import FaultToleranceConfig, RerunConfig, StragglerConfig
+from megatron_resilience.config.training import TrainingConfig
+
+SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun")
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    run_dir: str  # metrics.jsonl and run logs go here
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    rerun: RerunConfig = field(default_factory=RerunConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_dir, str) or not self.run_dir:
+            fail("run_dir", "must be a non-empty path", self.run_dir)
+        expected = {
+            "model": ModelConfig, "parallel": ParallelConfig, "data": DataConfig, "optim": OptimizerConfig,
+            "train": TrainingConfig, "checkpoint": CheckpointConfig, "ft": FaultToleranceConfig,
+            "straggler": StragglerConfig, "rerun": RerunConfig,
+        }
+        for name, cls in expected.items():
+            if not isinstance(getattr(self, name), cls):
+                fail(name, f"must be a {cls.__name__}", type(getattr(self, name)).__name__)
+        tp, pp = self.parallel.tensor_model_parallel_size, self.parallel.pipeline_model_parallel_size
+        if self.model.num_attention_heads % tp:
+            fail("parallel.tensor_model_parallel_size",
+                 f"must divide model.num_attention_heads={self.model.num_attention_heads}", tp)
+        if self.model.num_layers % pp:
+            fail("parallel.pipeline_model_parallel_size", f"must divide model.num_layers={self.model.num_layers}", pp)
+        if self.ft.simulated_fault_step is not None and self.ft.simulated_fault_step > self.train.max_steps:
+            fail("ft.simulated_fault_step", f"must be <= train.max_steps={self.train.max_steps}",
+                 self.ft.simulated_fault_step)
+        if self.optim.lr_warmup_steps > self.train.max_steps:
+            fail("optim.lr_warmup_steps", f"must be <= train.max_steps={self.train.max_steps}",
+                 self.optim.lr_warmup_steps)
+
+    def validate_world_size(self, world_size: int) -> int:
+        """Checks that need the job's size; returns the data-parallel size. Called by plugins and the runtime."""
+        check_int("world_size", world_size, minimum=1)
+        if self.parallel.sequence_parallel and self.model.seq_length % self.parallel.tensor_model_parallel_size:
+            fail("model.seq_length", "must be divisible by parallel.tensor_model_parallel_size with sequence_parallel",
+                 self.model.seq_length)
+        dp = self.parallel.data_parallel_size(world_size)
+        self.train.resolved_global_batch_size(dp)
+        return dp

@@ -1,0 +1,80 @@
+"""Resilience sections of the config: fault tolerance, straggler detection, rerun state machine.
+
+Launcher-side settings (timeouts, restarts, retries) belong to the NeMo-Run
+``FaultTolerancePlugin``; these are the settings the trainer itself acts on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_resilience.config._validate import (
+    check_choice, check_fraction, check_int, check_non_negative, check_positive,
+)
+
+FT_MODES = ("sections", "heartbeats")
+SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random")
+RERUN_MODES = ("disabled", "validate_results", "report_stats")
+ERROR_INJECTION_TYPES = ("correct_result", "transient_error", "persistent_error")
+
+
+@dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """nvidia-resiliency-ext rank monitoring, driven by ft_launcher."""
+
+    enabled: bool = False  # enable_ft_package
+    mode: str = "sections"  # sections: setup/step/checkpointing; heartbeats: one beat per step
+    calc_ft_timeouts: bool = False  # learn timeouts from observed intervals, persist in ft_state.json
+    simulate_fault: bool = False
+    simulated_fault_type: str = "random"
+    simulated_fault_rank: int | None = None  # None -> a random rank
+    simulated_fault_base_delay: float = 0.0  # seconds after setup before the fault (plus up to 1 s jitter)
+    simulated_fault_step: int | None = None  # if set, fault at the start of this step instead of after a delay
+
+    def __post_init__(self) -> None:
+        check_choice("ft.mode", self.mode, FT_MODES)
+        check_choice("ft.simulated_fault_type", self.simulated_fault_type, SIMULATED_FAULT_TYPES)
+        check_int("ft.simulated_fault_rank", self.simulated_fault_rank, minimum=0, allow_none=True)
+        check_non_negative("ft.simulated_fault_base_delay", self.simulated_fault_base_delay)
+        check_int("ft.simulated_fault_step", self.simulated_fault_step, minimum=1, allow_none=True)
+
+
+@dataclass(kw_only=True)
+class StragglerConfig:
+    """nvidia-resiliency-ext straggler ``Detector`` around the train step."""
+
+    enabled: bool = False
+    report_time_interval: float = 300.0  # seconds between reports
+    calc_relative_gpu_perf: bool = True
+    calc_individual_gpu_perf: bool = True
+    num_gpu_perf_scores_to_print: int = 5
+    gpu_relative_perf_threshold: float = 0.7
+    gpu_individual_perf_threshold: float = 0.7
+    stop_if_detected: bool = False
+    enable_logging: bool = True
+    profiling_interval: int = 1
+    logger_name: str = "megatron_resilience.straggler"
+
+    def __post_init__(self) -> None:
+        check_positive("straggler.report_time_interval", self.report_time_interval)
+        check_int("straggler.num_gpu_perf_scores_to_print", self.num_gpu_perf_scores_to_print, minimum=0)
+        check_fraction("straggler.gpu_relative_perf_threshold", self.gpu_relative_perf_threshold)
+        check_fraction("straggler.gpu_individual_perf_threshold", self.gpu_individual_perf_threshold)
+        check_int("straggler.profiling_interval", self.profiling_interval, minimum=1)
+
+
+@dataclass(kw_only=True)
+class RerunConfig:
+    """Megatron-Core ``RerunStateMachine``: re-run suspicious steps to tell transient from persistent faults."""
+
+    rerun_mode: str = "disabled"
+    check_for_nan_in_loss: bool = True
+    check_for_spiky_loss: bool = False
+    error_injection_rate: int = 0  # inject an error once every N checks on average; 0 disables
+    error_injection_type: str = "transient_error"
+    result_rejected_tracker_filename: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("rerun.rerun_mode", self.rerun_mode, RERUN_MODES)
+        check_choice("rerun.error_injection_type", self.error_injection_type, ERROR_INJECTION_TYPES)
+        check_int("rerun.error_injection_rate", self.error_injection_rate, minimum=0)

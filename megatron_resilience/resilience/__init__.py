@@ -1,0 +1,1 @@
+"""Resilience integrations on compute nodes: fault tolerance, faults, preemption, stragglers, rerun."""

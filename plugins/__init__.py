@@ -1,0 +1,1 @@
+"""NeMo-Run plugins (login node, submit time). Never imports torch or megatron."""

@@ -1,0 +1,1 @@
+"""Fiddle GPT pretraining recipes and NeMo-Run CLI factories. Never imports torch or megatron."""
