@@ -1,0 +1,107 @@
+"""``section.field=value`` overrides onto a ``PretrainConfig``: the command line of ``python -m megatron_resilience``.
+
+Used for ``run.Script`` tasks and for launching the trainer by hand under
+torchrun or ft_launcher. Values are parsed by the field's annotated type; an
+unknown key fails with the valid keys listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.pretrain import PretrainConfig
+
+_TRUE, _FALSE, _NONE = ("true", "yes", "1", "on"), ("false", "no", "0", "off"), ("none", "null")
+
+
+def _parse(key: str, raw: str, annotation: Any) -> Any:
+    text = raw.strip()
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if type(None) in args and text.lower() in _NONE:
+        return None
+    kinds = [a for a in args if a is not type(None)] if args and origin is not list else [annotation]
+    kind = kinds[0]
+    if typing.get_origin(kind) is list or kind is list:
+        text = text.strip("[]")
+        return [part.strip().strip("'\"") for part in text.split(",") if part.strip()]
+    if kind is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{key}: must be true or false, got {raw!r}")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{key}: must be an integer, got {raw!r}") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{key}: must be a number, got {raw!r}") from None
+    return text.strip("'\"")
+
+
+def _valid_keys() -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(PretrainConfig)
+    for f in dataclasses.fields(PretrainConfig):
+        cls = hints[f.name]
+        if dataclasses.is_dataclass(cls):
+            keys += [f"{f.name}.{sub.name}" for sub in dataclasses.fields(cls)]
+        else:
+            keys.append(f.name)
+    return keys
+
+
+def config_from_overrides(overrides: list[str], base: PretrainConfig | None = None) -> PretrainConfig:
+    """Apply ``key=value`` strings to ``base`` (or the defaults) and validate the result."""
+    hints = typing.get_type_hints(PretrainConfig)
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep:
+            raise ConfigError(f"{item!r}: expected key=value, e.g. train.max_steps=100")
+        section, _, name = key.partition(".")
+        if section not in hints or (name and not dataclasses.is_dataclass(hints[section])):
+            raise ConfigError(f"{key}: unknown key; valid keys: {', '.join(_valid_keys())}")
+        if not name:
+            top[section] = _parse(key, raw, hints[section])
+            continue
+        cls = hints[section]
+        field_types = typing.get_type_hints(cls)
+        if name not in field_types:
+            valid = [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+            raise ConfigError(f"{key}: unknown key; valid keys in {section}: {', '.join(valid)}")
+        sections.setdefault(section, {})[name] = _parse(key, raw, field_types[name])
+    if base is None:
+        if "run_dir" not in top:
+            raise ConfigError("run_dir: required, e.g. run_dir=/path/to/run")
+        base = PretrainConfig(run_dir=top["run_dir"])
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(PretrainConfig)}
+    values.update(top)
+    for section, changes in sections.items():
+        values[section] = dataclasses.replace(values[section], **changes)
+    return PretrainConfig(**values)
+
+
+def config_to_overrides(config: PretrainConfig) -> list[str]:
+    """The inverse: every field as ``key=value`` (for ``run.Script`` tasks and logs)."""
+    out = [f"run_dir={config.run_dir}"]
+    for f in dataclasses.fields(PretrainConfig):
+        section = getattr(config, f.name)
+        if not dataclasses.is_dataclass(section):
+            continue
+        for sub in dataclasses.fields(section):
+            value = getattr(section, sub.name)
+            text = "null" if value is None else (",".join(value) if isinstance(value, list) else str(value).lower()
+                                                   if isinstance(value, bool) else str(value))
+            out.append(f"{f.name}.{sub.name}={text}")
+    return out

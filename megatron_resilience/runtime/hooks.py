@@ -1,0 +1,48 @@
+"""The points in the training loop where resilience integrations act.
+
+The loop (``runtime/loop.py``) calls these; ``megatron_resilience.resilience``
+implements them (fault-tolerance sections, simulated faults, preemption,
+stragglers). The base class does nothing, so the loop runs without them.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable
+
+from megatron_resilience.runtime.state import TrainState
+
+
+class TrainingHooks:
+    def setup_section(self) -> AbstractContextManager:
+        """Around distributed/model/optimizer/data setup and the checkpoint load."""
+        return nullcontext()
+
+    def after_setup(self, state: TrainState) -> None:
+        """Setup is done and ``state.step`` is the step training resumes from."""
+
+    def step_section(self, step: int) -> AbstractContextManager:
+        """Around one training iteration (``step`` = the 1-based step being run)."""
+        return nullcontext()
+
+    def wrap_train_step(self, train_step: Callable[[], Any]) -> Callable[[], Any]:
+        """Lets straggler detection time the step; returns a callable with the same result."""
+        return train_step
+
+    def eval_section(self) -> AbstractContextManager:
+        """Around one evaluation pass."""
+        return nullcontext()
+
+    def checkpoint_section(self) -> AbstractContextManager:
+        """Around a checkpoint save (and async finalisation)."""
+        return nullcontext()
+
+    def after_step(self, state: TrainState) -> str | None:
+        """Called on every rank after each step; returns a stop reason agreed by all ranks, or None.
+
+        A reason makes the loop save a checkpoint and stop: "signal", "straggler", "duration".
+        """
+        return None
+
+    def on_exit(self, state: TrainState, reason: str) -> None:
+        """Training is over for this process: reason is "finished" (max_steps) or the stop reason."""
