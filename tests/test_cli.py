@@ -1,0 +1,149 @@
+"""``nemo megatron_resilience pretrain``: entry-point discovery, factories, exact overrides, clear errors.
+
+Most commands run NeMo-Run's real CLI (``create_cli``) in this process to save
+interpreter start-ups; one test runs the installed ``nemo`` console script.
+"""
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron_resilience.config import ConfigError
+from megatron_resilience.recipes import apply_overrides, gpt_tiny, to_config, valid_keys
+
+NEMO = os.path.join(os.path.dirname(sys.executable), "nemo")
+
+
+def nemo(*args: str) -> tuple[int, str, str]:
+    """``nemo megatron_resilience pretrain ARGS`` through NeMo-Run's CLI: (exit code, stdout, stderr)."""
+    from nemo_run.cli.api import create_cli
+
+    argv = ["nemo", "megatron_resilience", "pretrain", *args]
+    saved, sys.argv = sys.argv, argv
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = create_cli()(args=argv[1:], standalone_mode=False)
+    finally:
+        sys.argv = saved
+    return code or 0, out.getvalue(), err.getvalue()
+
+
+def config_lines(stdout: str) -> dict[str, str]:
+    """The ``key=value`` lines of a dry run's final config."""
+    lines = stdout.split("final config", 1)[1].splitlines()[1:]
+    out = {}
+    for line in lines:
+        if line.startswith("#"):
+            break
+        key, _, value = line.partition("=")
+        out[key] = value
+    return out
+
+
+def test_dryrun_overrides_change_exactly_the_named_fields(tmp_path):
+    code, base_out, err = nemo("--factory", f"gpt_tiny(dir={tmp_path})", "--dryrun")
+    assert code == 0, err
+    code, out, err = nemo("--factory", f"gpt_tiny(dir={tmp_path})", "--dryrun",
+                          "train.max_steps=100", "ft.calc_ft_timeouts=false", "checkpoint.save_interval=null",
+                          "optim.lr=1e-3", f"run_dir={tmp_path}/other")
+    assert code == 0, err
+    base, new = config_lines(base_out), config_lines(out)
+    assert base.keys() == new.keys() and len(base) > 50
+    changed = {k: (base[k], new[k]) for k in base if base[k] != new[k]}
+    assert changed == {
+        "train.max_steps": ("40", "100"),
+        "ft.calc_ft_timeouts": ("true", "false"),
+        "checkpoint.save_interval": ("10", "null"),
+        "optim.lr": ("0.003", "0.001"),
+        "run_dir": (f"{tmp_path}/gpt_tiny", f"{tmp_path}/other"),
+    }
+    assert "# pretrain: final config (no executor, world size 1)" in out
+
+
+def test_executor_factories_set_world_size_and_launcher(tmp_path):
+    code, out, err = nemo("--factory", f"gpt_tiny(dir={tmp_path})", "--dryrun", "run.executor=local_ft",
+                          "run.executor.ntasks_per_node=2")
+    assert code == 0, err
+    assert "# pretrain: final config (LocalExecutor, world size 2)" in out
+    from megatron_resilience.recipes.cli import local, local_ft, slurm
+    import fiddle as fdl
+    import nemo_run as run
+
+    ft = fdl.build(local_ft())
+    assert isinstance(ft.launcher, run.FaultTolerance)
+    # Every field set: nemo_run renders an all-None FaultTolerance as --ignore-missing-fault-tol-cfg.
+    assert (ft.launcher.max_restarts, ft.launcher.workload_check_interval, ft.launcher.rank_termination_signal,
+            ft.launcher.log_level) == (3, 2.0, "SIGKILL", "INFO")
+    assert fdl.build(local()).launcher == "torchrun" and fdl.build(local()).ntasks_per_node == 2
+    ex = fdl.build(slurm(account="acct", partition="batch", nodes=2, time="01:00:00"))
+    assert (ex.account, ex.partition, ex.nodes, ex.time, ex.ntasks_per_node, ex.gpus_per_node) == \
+        ("acct", "batch", 2, "01:00:00", 8, 8)
+    assert isinstance(ex.tunnel, run.LocalTunnel) and type(ex.packager) is run.Packager
+    ssh = fdl.build(slurm(account="acct", host="login.example.com", user="me", job_dir="/lustre/me/jobs"))
+    assert isinstance(ssh.tunnel, run.SSHTunnel)
+    assert (ssh.tunnel.host, ssh.tunnel.user, ssh.tunnel.job_dir) == ("login.example.com", "me", "/lustre/me/jobs")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train.max_stepz=3"],
+     "Error: train.max_stepz: unknown key; valid keys in train: train.max_steps, train.micro_batch_size, "
+     "train.global_batch_size, train.seed,"),
+    (["trian.max_steps=3"], "Error: trian.max_steps: unknown key; valid keys: run_dir, model.num_layers,"),
+    (["train.max_steps=abc"], "Error: train.max_steps: must be an integer, got 'abc'"),
+    (["ft.enabled=maybe"], "Error: ft.enabled: must be true or false, got 'maybe'"),
+    (["model.precision=fp8"], "Error: model.precision: must be one of ['fp32', 'bf16', 'fp16'], got 'fp8'"),
+    (["optim.lr_warmup_steps=50"], "Error: optim.lr_warmup_steps: must be <= train.max_steps=40, got 50"),
+    (["parallel.tensor_model_parallel_size=2", "run.executor=local", "run.executor.ntasks_per_node=3"],
+     "Error: parallel: tensor_model_parallel_size * pipeline_model_parallel_size = 2 must divide the world "
+     "size 3, got 2"),
+    (["train.max_steps"], "Error: 'train.max_steps': expected key=value, e.g. train.max_steps=100"),
+])
+def test_bad_overrides_fail_with_a_clear_message(args, message, tmp_path):
+    code, out, err = nemo("--factory", f"gpt_tiny(dir={tmp_path})", "--dryrun", *args)
+    assert code == 1
+    assert err.startswith(message), err
+    assert "final config" not in out
+
+
+def test_valid_keys_are_listed_in_full_for_an_unknown_section():
+    code, _, err = nemo("--factory", "gpt_tiny", "--dryrun", "foo=1")
+    assert code == 1
+    assert err.strip() == f"Error: foo: unknown key; valid keys: {', '.join(valid_keys())}"
+
+
+def test_without_a_factory_run_dir_is_required_and_sections_default(tmp_path):
+    code, _, err = nemo("--dryrun", "train.max_steps=5")
+    assert code == 1 and err.startswith("Error: run_dir: required")
+    code, out, err = nemo("--dryrun", f"run_dir={tmp_path}", "train.max_steps=5", "model.num_layers=4")
+    assert code == 0, err
+    lines = config_lines(out)
+    assert (lines["run_dir"], lines["train.max_steps"], lines["model.num_layers"], lines["ft.enabled"]) == \
+        (str(tmp_path), "5", "4", "false")
+
+
+def test_apply_overrides_leaves_the_recipe_untouched(tmp_path):
+    recipe = gpt_tiny(dir=str(tmp_path))
+    edited = apply_overrides(recipe, ["train.max_steps=7", "straggler.stop_if_detected=true"])
+    assert (recipe.train.max_steps, recipe.straggler.stop_if_detected) == (40, False)
+    assert (to_config(edited).train.max_steps, to_config(edited).straggler.stop_if_detected) == (7, True)
+    with pytest.raises(ConfigError, match=r"^rerun.mode: unknown key; valid keys in rerun: rerun.rerun_mode, "):
+        apply_overrides(recipe, ["rerun.mode=validate_results"])
+
+
+def test_installed_nemo_script_finds_the_namespace_through_the_entry_point(tmp_path):
+    proc = subprocess.run(
+        [NEMO, "megatron_resilience", "pretrain", "--factory", f"gpt_126m(dir={tmp_path},num_nodes=2)", "--dryrun",
+         "run.executor=local", "run.executor.ntasks_per_node=16", "train.max_steps=1000",
+         "optim.lr_warmup_steps=10"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = config_lines(proc.stdout)
+    assert "# pretrain: final config (LocalExecutor, world size 16)" in proc.stdout
+    assert (lines["model.num_layers"], lines["model.hidden_size"], lines["train.max_steps"],
+            lines["train.global_batch_size"], lines["run_dir"]) == ("12", "768", "1000", "256", f"{tmp_path}/gpt_126m")
