@@ -52,5 +52,147 @@ def import_nemo_run() -> ModuleType:
 
 # --- nvidia-resiliency-ext: ft_launcher flags (owned by the plugins) -----------------------------------------
 
+# Rendering happens on the login node, the job runs ft_launcher from the cluster's container, whose
+# nvidia-resiliency-ext is usually newer than the one installed here. The plugins therefore render for
+# one explicit version: the FaultTolerancePlugin's ``nvrx_version`` field, else the installed one, else
+# NVRX_ASSUMED_VERSION (the newest behaviour we know).
+#
+# | nvidia-resiliency-ext | ft param flags                      | --ignore-missing-fault-tol-cfg | cfg path flag / env            |
+# |-----------------------|-------------------------------------|--------------------------------|--------------------------------|
+# | <= 0.3                | --ft-param-<snake>                  | yes                            | --fault-tol-cfg-path / PET_FAULT_TOL_CFG_PATH |
+# | 0.4.x                 | --ft-<kebab>, --ft-<snake>, --ft-param-<snake> | yes                 | --ft-cfg-path / PET_FT_CFG_PATH |
+# | >= 0.5                | --ft-<kebab>, --ft-<snake>          | removed                        | --ft-cfg-path / PET_FT_CFG_PATH |
+#
+# nemo_run (0.11) renders every run.FaultTolerance field as ``--ft-<snake> VALUE`` (fields equal to 0
+# or None are dropped), ``max_restarts`` as ``--max-restarts N``, and all-None fields as
+# ``--ignore-missing-fault-tol-cfg``.
+
+NVRX_ASSUMED_VERSION = (0, 7)
+
+# run.FaultTolerance fields that nemo_run turns into ft_launcher FT-param flags.
+NEMO_RUN_FT_PARAM_FIELDS = (
+    "workload_check_interval", "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout",
+    "rank_termination_signal", "log_level",
+)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"0.7"`` / ``"0.4.1"`` / ``"0.5.0rc1"`` -> int tuple; ValueError names the bad text."""
+    parts: list[int] = []
+    for piece in str(text).strip().split("+")[0].split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    if len(parts) < 2:
+        raise ValueError(f"not a version like '0.7' or '0.4.1': {text!r}")
+    return tuple(parts)
+
+
+def nvrx_version_for_rendering(override: str | None) -> tuple[tuple[int, ...], str]:
+    """The nvidia-resiliency-ext version the ft_launcher command is rendered for, and where it came from."""
+    if override is not None:
+        return parse_version(override), "FaultTolerancePlugin.nvrx_version"
+    installed = package_version("nvidia-resiliency-ext")
+    if installed is not None:
+        return installed, "installed nvidia-resiliency-ext"
+    return NVRX_ASSUMED_VERSION, "assumed (nvidia-resiliency-ext not installed here)"
+
+
+def ft_param_flags(field: str, version: tuple[int, ...]) -> tuple[str, ...]:
+    """Every spelling of the FT-param flag for ``field`` that ft_launcher ``version`` accepts."""
+    kebab = field.replace("_", "-")
+    if version < (0, 4):
+        return (f"--ft-param-{field}",)
+    if version < (0, 5):
+        return (f"--ft-{kebab}", f"--ft-{field}", f"--ft-param-{field}")
+    return (f"--ft-{kebab}", f"--ft-{field}")
+
+
+def nemo_run_ft_param_flag(field: str) -> str:
+    """The spelling nemo_run renders for a run.FaultTolerance field."""
+    return f"--ft-{field}"
+
+
+def ft_launcher_accepts_nemo_run_flags(version: tuple[int, ...]) -> bool:
+    """Whether ft_launcher ``version`` parses the FT-param flags nemo_run renders."""
+    return all(nemo_run_ft_param_flag(f) in ft_param_flags(f, version) for f in NEMO_RUN_FT_PARAM_FIELDS)
+
+
+def ft_launcher_accepts_ignore_missing_cfg(version: tuple[int, ...]) -> bool:
+    return version < (0, 5)
+
+
+def ft_cfg_path_env(version: tuple[int, ...]) -> str:
+    """Environment variable ft_launcher reads the FT YAML path from (torch-elastic ``PET_<dest>``)."""
+    return "PET_FAULT_TOL_CFG_PATH" if version < (0, 4) else "PET_FT_CFG_PATH"
+
+
+def unaccepted_ft_launcher_flags(args: list[str], version: tuple[int, ...]) -> list[str]:
+    """FT flags in a rendered ft_launcher argument list that ft_launcher ``version`` would reject."""
+    known = {flag for field in NEMO_RUN_FT_PARAM_FIELDS for flag in ft_param_flags(field, (0, 4))}
+    known |= {"--ft-param-" + f for f in NEMO_RUN_FT_PARAM_FIELDS}
+    accepted = {flag for field in NEMO_RUN_FT_PARAM_FIELDS for flag in ft_param_flags(field, version)}
+    bad = [a for a in args if a.split("=")[0] in known and a.split("=")[0] not in accepted]
+    if "--ignore-missing-fault-tol-cfg" in args and not ft_launcher_accepts_ignore_missing_cfg(version):
+        bad.append("--ignore-missing-fault-tol-cfg")
+    return bad
+
+
+def ft_launcher_args_parser():
+    """The installed ft_launcher's own argparse parser (imports torch: tests and compute nodes only)."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    return launcher.get_args_parser()
+
+
 
 # --- nvidia-resiliency-ext / megatron-core: runtime imports (owned by the resilience runtime) -----------------
+
+
+def import_fault_tolerance() -> ModuleType:
+    """``nvidia_resiliency_ext.fault_tolerance`` (same path in every release we support)."""
+    return importlib.import_module("nvidia_resiliency_ext.fault_tolerance")
+
+
+def straggler_module_name() -> str:
+    """The straggler ``Detector`` moved to ``attribution.straggler`` in nvidia-resiliency-ext 0.5."""
+    version = package_version("nvidia-resiliency-ext")
+    if version is not None and version >= (0, 5):
+        return "nvidia_resiliency_ext.attribution.straggler"
+    return "nvidia_resiliency_ext.straggler"
+
+
+def import_straggler() -> ModuleType:
+    """The module holding ``Detector`` and ``Report`` for the installed nvidia-resiliency-ext."""
+    return importlib.import_module(straggler_module_name())
+
+
+def ft_section_names(client_cfg) -> set[str]:
+    """Sections the rank monitor knows. 0.4.x raises on an unknown section; >=0.5 skips it: we skip it always."""
+    return set(getattr(client_cfg, "rank_section_timeouts", None) or {})
+
+
+# --- megatron-core dist_checkpointing (owned by checkpointing) -----------------------------------------------
+
+
+def prewarm_checkpoint_writer() -> None:
+    """Create dist_checkpointing's write-results queue now instead of inside the first save.
+
+    megatron-core (0.13-0.16 at least) lazily starts a *spawned* multiprocessing
+    Manager for the results of every torch_dist save (sync or async), in the
+    private ``filesystem_async._get_write_results_queue``. The spawned child
+    re-imports ``__main__``, so the first save of a process takes 0.1-6 s
+    depending on what the main module imports. Calling this during setup keeps
+    that cost out of the first save (and out of the FT "checkpointing" section).
+    Versions without the helper need nothing.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    getter = getattr(filesystem_async, "_get_write_results_queue", None)
+    if getter is not None:
+        getter()

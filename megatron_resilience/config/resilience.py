@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_resilience.config._validate import (
-    check_choice, check_fraction, check_int, check_non_negative, check_positive,
+    check_choice, check_fraction, check_int, check_non_negative, check_positive, fail,
 )
 
 FT_MODES = ("sections", "heartbeats")
 SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random")
+SIMULATED_FAULT_SECTIONS = ("step", "checkpointing")
 RERUN_MODES = ("disabled", "validate_results", "report_stats")
 ERROR_INJECTION_TYPES = ("correct_result", "transient_error", "persistent_error")
 
@@ -30,6 +31,9 @@ class FaultToleranceConfig:
     simulated_fault_rank: int | None = None  # None -> a random rank
     simulated_fault_base_delay: float = 0.0  # seconds after setup before the fault (plus up to 1 s jitter)
     simulated_fault_step: int | None = None  # if set, fault at the start of this step instead of after a delay
+    # With simulated_fault_step: "step" faults at the start of that step, "checkpointing" inside the first
+    # checkpoint save at or after it. Faults fire only on a job's first attempt (see resilience/simulated_fault.py).
+    simulated_fault_section: str = "step"
 
     def __post_init__(self) -> None:
         check_choice("ft.mode", self.mode, FT_MODES)
@@ -37,6 +41,9 @@ class FaultToleranceConfig:
         check_int("ft.simulated_fault_rank", self.simulated_fault_rank, minimum=0, allow_none=True)
         check_non_negative("ft.simulated_fault_base_delay", self.simulated_fault_base_delay)
         check_int("ft.simulated_fault_step", self.simulated_fault_step, minimum=1, allow_none=True)
+        check_choice("ft.simulated_fault_section", self.simulated_fault_section, SIMULATED_FAULT_SECTIONS)
+        if self.simulated_fault_section != "step" and self.simulated_fault_step is None:
+            fail("ft.simulated_fault_section", "needs ft.simulated_fault_step to be set", self.simulated_fault_section)
 
 
 @dataclass(kw_only=True)
@@ -54,6 +61,9 @@ class StragglerConfig:
     enable_logging: bool = True
     profiling_interval: int = 1
     logger_name: str = "megatron_resilience.straggler"
+    # Test your setup: this rank does `simulated_straggler_delay` seconds of extra compute in every step.
+    simulated_straggler_rank: int | None = None
+    simulated_straggler_delay: float = 0.0
 
     def __post_init__(self) -> None:
         check_positive("straggler.report_time_interval", self.report_time_interval)
@@ -61,6 +71,8 @@ class StragglerConfig:
         check_fraction("straggler.gpu_relative_perf_threshold", self.gpu_relative_perf_threshold)
         check_fraction("straggler.gpu_individual_perf_threshold", self.gpu_individual_perf_threshold)
         check_int("straggler.profiling_interval", self.profiling_interval, minimum=1)
+        check_int("straggler.simulated_straggler_rank", self.simulated_straggler_rank, minimum=0, allow_none=True)
+        check_non_negative("straggler.simulated_straggler_delay", self.simulated_straggler_delay)
 
 
 @dataclass(kw_only=True)

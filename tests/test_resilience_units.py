@@ -1,0 +1,159 @@
+"""Resilience pieces in one process: exit-code table, signal handler, FT outside ft_launcher, fault arming,
+straggler report text. The multi-process proofs under the real ft_launcher are in test_resilience_faults.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+
+import pytest
+
+from megatron_resilience.config import FaultToleranceConfig, PretrainConfig, StragglerConfig, TrainingConfig
+from megatron_resilience.resilience import build_hooks, exit_codes
+from megatron_resilience.resilience.fault_tolerance import FaultTolerance
+from megatron_resilience.resilience.preemption import DataloaderWorkerInit, DistributedSignalHandler
+from megatron_resilience.resilience.simulated_fault import SimulatedFault
+from megatron_resilience.resilience.straggler import StragglerDetection, format_report
+from megatron_resilience.runtime.state import TrainState
+
+
+def test_exit_code_table():
+    assert [exit_codes.exit_code_for(r) for r in ("finished", "signal", "straggler", "duration", "rerun:16",
+                                                  "rerun:17")] == [0, 0, 0, 0, 16, 17]
+    assert [exit_codes.marks_finished(r) for r in ("finished", "signal", "straggler", "duration", "rerun:16",
+                                                   "rerun:17")] == [True, False, False, False, False, True]
+    assert exit_codes.stops_in_job_restarts("rerun:17") and not exit_codes.stops_in_job_restarts("rerun:16")
+    with pytest.raises(ValueError, match="unknown stop reason 'crashed'"):
+        exit_codes.exit_code_for("crashed")
+    from megatron.core import rerun_state_machine as rsm
+
+    assert (exit_codes.RESUME_TO_DISAMBIGUATE, exit_codes.FAILED_ON_RESULT_VALIDATION) == (
+        rsm.EXIT_CODE_RESUME_TO_DISAMBIGUATE, rsm.EXIT_CODE_FAILED_ON_RESULT_VALIDATION)
+
+
+def test_signal_handler_records_and_restores_previous_handler():
+    previous = []
+    old = signal.signal(signal.SIGUSR1, lambda *a: previous.append(1))
+    try:
+        handler = DistributedSignalHandler("SIGUSR1", rank=0)
+        handler.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert handler.received and previous == []  # recorded, process alive, old handler not called
+        handler.restore()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert previous == [1]  # the previous handler is back
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_dataloader_workers_ignore_the_exit_signal():
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        seen = []
+        DataloaderWorkerInit("SIGUSR2", chained=seen.append)(3)
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN and seen == [3]
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_hooks_signal_stop_reason_single_process(tmp_path):
+    config = PretrainConfig(run_dir=str(tmp_path), train=TrainingConfig(exit_signal_handler=True,
+                                                                      exit_signal="SIGUSR1"))
+    hooks = build_hooks(config, rank=0, world_size=1)
+    state = TrainState(model=[], optimizer=None, scheduler=None, step=0)
+    old = signal.getsignal(signal.SIGUSR1)
+    with hooks.setup_section():
+        pass
+    hooks.after_setup(state)
+    state.step = 1
+    assert hooks.after_step(state) is None
+    os.kill(os.getpid(), signal.SIGUSR1)
+    state.step = 2
+    assert hooks.after_step(state) == "signal"
+    hooks.on_exit(state, "signal")
+    assert signal.getsignal(signal.SIGUSR1) == old  # restored
+    assert json.loads((tmp_path / "stop_reason.json").read_text()) == {
+        "reason": "signal", "step": 2, "exit_code": 0, "finished": False}
+
+
+def test_finished_flag_only_for_finished_and_17(tmp_path, monkeypatch):
+    flag = tmp_path / "job" / "finished.flag"
+    monkeypatch.setenv("FAULT_TOL_FINISHED_FLAG_FILE", str(flag))
+    state = TrainState(model=[], optimizer=None, scheduler=None, step=5)
+    for reason, touched in (("signal", False), ("rerun:16", False), ("finished", True), ("rerun:17", True)):
+        if flag.exists():
+            flag.unlink()
+        build_hooks(PretrainConfig(run_dir=str(tmp_path)), rank=0, world_size=1).on_exit(state, reason)
+        assert flag.exists() == touched, reason
+    flag.unlink()
+    build_hooks(PretrainConfig(run_dir=str(tmp_path)), rank=1, world_size=2).on_exit(state, "finished")
+    assert not flag.exists()  # only rank 0 marks it
+
+
+def test_ft_outside_ft_launcher_logs_once_and_is_a_no_op(monkeypatch, caplog):
+    monkeypatch.delenv("FT_RANK_MONITOR_IPC_SOCKET", raising=False)
+    ft = FaultTolerance(FaultToleranceConfig(enabled=True, calc_ft_timeouts=True), rank=0, save_dir=None,
+                        load_dir=None, async_save=False)
+    with caplog.at_level(logging.INFO, logger="megatron_resilience"):
+        ft.start()
+        ft.end_setup(loaded_checkpoint=False)
+        with ft.step():
+            pass
+        with ft.checkpointing():
+            pass
+        ft.shutdown(update_timeouts=True)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("megatron_resilience")]
+    assert lines == ["ft.enabled=true but this process was not started by ft_launcher "
+                     "(FT_RANK_MONITOR_IPC_SOCKET is not set): hang detection is off for this run"]
+    assert not ft.active
+
+
+@pytest.mark.parametrize("env,start_step,armed", [
+    ({}, 0, True),
+    ({}, 6, True),  # resumed before the fault step: still the first attempt
+    ({}, 7, False),  # resumed at/after the fault step
+    ({"TORCHELASTIC_RESTART_COUNT": "1"}, 0, False),  # an in-job restart
+    ({"SLURM_RESTART_COUNT": "1"}, 0, False),  # a requeued job
+])
+def test_simulated_fault_fires_only_on_the_first_attempt(monkeypatch, env, start_step, armed):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = FaultToleranceConfig(simulate_fault=True, simulated_fault_type="rank_killed", simulated_fault_rank=0,
+                               simulated_fault_step=7)
+    fault = SimulatedFault(cfg, rank=0, world_size=2)
+    fault.arm(start_step)
+    assert fault.armed is armed
+    other = SimulatedFault(cfg, rank=1, world_size=2)
+    other.arm(0)
+    assert not other.armed  # only the chosen rank
+
+
+def test_straggler_without_cupti_warns_and_is_off(caplog):
+    # Real nvidia-resiliency-ext on a machine without CUDA: its CUPTI extension cannot load.
+    det = StragglerDetection(StragglerConfig(enabled=True), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="megatron_resilience"):
+        det.start()
+    assert not det.active
+    assert any("straggler detection is OFF" in r.getMessage() and "CUPTI" in r.getMessage()
+               for r in caplog.records)
+    step = det.wrap(lambda: 42)
+    assert step() == 42 and det.after_step(1) is False
+
+
+def test_straggler_report_text_names_worst_and_best_ranks():
+    from megatron_resilience import upstream
+
+    report = upstream.import_straggler().Report(
+        gpu_relative_perf_scores={0: 1.0, 1: 0.42, 2: 0.97}, section_relative_perf_scores={},
+        gpu_individual_perf_scores={0: 0.99, 1: 0.98, 2: 1.0}, section_individual_perf_scores={},
+        rank_to_node={0: "node-a", 1: "node-b", 2: "node-a"}, local_section_summaries={}, local_kernel_summaries={},
+        generate_report_elapsed_time=0.0, gather_on_rank0=True, rank=0)
+    assert format_report(report, step=30, top=1) == [
+        "straggler report at step 30:",
+        "  GPU relative perf: worst: rank 1 (node-b)=0.42; best: rank 0 (node-a)=1.00",
+        "  GPU individual perf: worst: rank 1 (node-b)=0.98; best: rank 2 (node-a)=1.00",
+    ]
