@@ -1,0 +1,118 @@
+"""Executor-side helpers shared by the plugins: supported executors, conflicts, nsys, sbatch blocks, paths.
+
+Plugins run at submit time on clones of the executor (``Experiment._add_single_job`` assigns the
+executor first, so ``job_dir``, ``job_name`` and ``tunnel.job_dir`` are final here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from megatron_resilience.config import ConfigError
+from megatron_resilience.upstream import import_nemo_run
+
+log = logging.getLogger("megatron_resilience.plugins")
+
+SUPPORTED_EXECUTORS = ("run.SlurmExecutor", "run.LocalExecutor")
+_CLAIMS = "_megatron_resilience_plugins"
+_BLOCK_BEGIN = "# >>> megatron_resilience {name} >>>"
+_BLOCK_END = "# <<< megatron_resilience {name} <<<"
+
+
+def executor_kind(executor: Any, plugin: str) -> str:
+    """"slurm" or "local"; any other executor is rejected with the supported ones named."""
+    run = import_nemo_run()
+    if isinstance(executor, run.SlurmExecutor):
+        if executor.heterogeneous:
+            raise ConfigError(f"{plugin}: heterogeneous SlurmExecutor jobs are not supported")
+        return "slurm"
+    if isinstance(executor, run.LocalExecutor):
+        return "local"
+    raise ConfigError(f"{plugin}: unsupported executor {type(executor).__name__}; "
+                      f"supported executors: {', '.join(SUPPORTED_EXECUTORS)}")
+
+
+def claim(executor: Any, plugin: str) -> None:
+    """Reject a second plugin of the same kind on one job: their settings would silently fight.
+
+    The mark is a plain attribute on the (cloned) executor object, not a dataclass field, so it
+    never reaches the sbatch script or the serialized executor.
+    """
+    claims = executor.__dict__.setdefault(_CLAIMS, [])
+    if plugin in claims:
+        raise ConfigError(f"conflicting plugins: {plugin} is given twice for the same job; "
+                          f"pass one {plugin} with all its settings")
+    claims.append(plugin)
+
+
+def disable_nsys(executor: Any, editor: Any, plugin: str, reason: str) -> None:
+    """Turn off nsys requested on the launcher or in the task, with a warning saying why."""
+    launcher = executor.launcher
+    if launcher is not None and not isinstance(launcher, str) and getattr(launcher, "nsys_profile", False):
+        launcher.nsys_profile = False
+        log.warning("%s: turned off nsys profiling requested on executor.launcher (nsys_profile=True -> False): %s",
+                    plugin, reason)
+    if editor.drop_nsys():
+        log.warning("%s: removed the 'nsys' wrapper from the task's trainer command: %s", plugin, reason)
+
+
+def slurm_time_seconds(text: Any) -> int | None:
+    """Slurm ``--time`` in seconds (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``).
+
+    None for "infinite"/"unlimited"/empty; ConfigError for anything else Slurm would reject.
+    """
+    raw = str(text).strip() if text is not None else ""
+    if raw.lower() in ("", "infinite", "unlimited"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", raw)
+    if not m:
+        raise ConfigError(f"executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got {text!r}")
+    days, a, b, c = m.groups()
+    nums = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:
+        hours, minutes, seconds = (nums + [0, 0])[:3]
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if len(nums) == 1:
+        return nums[0] * 60
+    if len(nums) == 2:
+        return nums[0] * 60 + nums[1]
+    return nums[0] * 3600 + nums[1] * 60 + nums[2]
+
+
+def set_setup_block(executor: Any, name: str, body: str | None) -> None:
+    """Add, replace or (body None) remove our named block in ``executor.setup_lines``.
+
+    setup_lines run in the sbatch script after the exports and before nemo_run's FT setup and the
+    srun; the user's own lines are kept as they are.
+    """
+    begin, end = _BLOCK_BEGIN.format(name=name), _BLOCK_END.format(name=name)
+    current = executor.setup_lines or ""
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
+    current = pattern.sub("", current)
+    if body is not None:
+        block = f"{begin}\n{body.rstrip()}\n{end}\n"
+        current = (current.rstrip("\n") + "\n" + block) if current.strip() else block
+    executor.setup_lines = current or None
+
+
+def has_setup_block(executor: Any, name: str) -> bool:
+    return _BLOCK_BEGIN.format(name=name) in (executor.setup_lines or "")
+
+
+def slurm_job_file(executor: Any, filename: str) -> tuple[str, str]:
+    """(path in the batch shell, path inside the job step) of a file in the job's directory on the cluster.
+
+    The batch shell runs on the host, where the job directory is ``<tunnel.job_dir>/<job dir name>``
+    (the directory that holds the sbatch logs, so it exists on shared storage before the job starts).
+    Job steps see it as ``/nemo_run`` in containers; without a container nemo_run rewrites
+    ``/nemo_run`` in the sbatch script to the host path, so the second path is right in both modes.
+    """
+    import_nemo_run()
+    from nemo_run.config import RUNDIR_NAME
+
+    host_dir = os.path.join(executor.tunnel.job_dir, Path(executor.job_dir).name)
+    return os.path.join(host_dir, filename), os.path.join("/", RUNDIR_NAME, filename)
