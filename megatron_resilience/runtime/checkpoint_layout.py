@@ -1,0 +1,190 @@
+"""The checkpoint directory on disk: names, the tracker, completeness checks, retention.
+
+Layout under ``checkpoint.save``::
+
+    iter_0000010/                      complete checkpoints (dist_checkpointing format)
+    iter_0000020/
+    iter_0000030.tmp/                  a save in progress (or one cut off by a crash)
+    latest_checkpointed_iteration.txt  "20": the newest committed step, written last
+
+A checkpoint is written under ``iter_N.tmp`` and renamed to ``iter_N`` only once
+every rank has finished writing, so a directory named ``iter_N`` is complete by
+construction. The tracker is a hint for humans and Megatron-LM tools, not the
+source of truth: a crash between the rename and the tracker update, or a damaged
+directory, must not lose or poison a resume, so :func:`complete_checkpoints`
+scans the ``iter_*`` directories and checks their metadata itself.
+
+Everything here is plain filesystem work run by rank 0; no collectives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+
+log = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+TMP_SUFFIX = ".tmp"
+_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+_TMP_RE = re.compile(r"^iter_\d{7,}\.(tmp|old)(\..*)?$")
+
+
+def iter_dir_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or file creation inside ``path`` durable (POSIX needs the directory fsynced too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` so readers see the old or the new content, never a torn file.
+
+    Writes a temporary file in the same directory, fsyncs it, ``os.replace``s it
+    over ``path`` (atomic on POSIX within one filesystem) and fsyncs the directory.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def read_tracker(root: str) -> int | None:
+    """The step named by the tracker file, or None when it is missing or not a number."""
+    try:
+        with open(os.path.join(root, TRACKER_FILE), encoding="utf-8") as handle:
+            text = handle.read().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def write_tracker(root: str, step: int) -> None:
+    atomic_write_text(os.path.join(root, TRACKER_FILE), f"{step}\n")
+
+
+def iter_dirs(root: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every directory named ``iter_N`` (complete by name), oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _ITER_RE.match(name)
+        path = os.path.join(root, name)
+        if match and os.path.isdir(path):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def why_incomplete(path: str, step: int) -> str | None:
+    """Why ``path`` cannot be a complete checkpoint of ``step``; None when it looks complete.
+
+    Checks what dist_checkpointing writes last (``metadata.json``, and the
+    torch_dist ``.metadata`` index) and reads the small common state (step,
+    scheduler, data position), so a truncated or foreign directory is caught
+    before any rank starts loading tensors from it.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.core import maybe_load_config
+
+    try:
+        config = maybe_load_config(path)
+    except Exception as err:  # noqa: BLE001 - any parse error means "not readable"
+        return f"unreadable metadata.json ({type(err).__name__}: {err})"
+    if config is None:
+        return "no metadata.json (the save did not finish)"
+    if config.sharded_backend == "torch_dist" and not os.path.exists(os.path.join(path, ".metadata")):
+        return "no .metadata index (the save did not finish)"
+    try:
+        common = dist_checkpointing.load_common_state_dict(path)
+    except Exception as err:  # noqa: BLE001
+        return f"unreadable common state ({type(err).__name__}: {err})"
+    saved_step = common.get("step") if isinstance(common, dict) else None
+    if saved_step != step:
+        return f"holds step {saved_step!r}, expected {step}"
+    return None
+
+
+def complete_checkpoints(root: str) -> list[int]:
+    """Steps of the complete checkpoints under ``root``, newest first; warns about each one skipped."""
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        if _TMP_RE.match(name):
+            log.warning("checkpoint: skipping %s: a save that never finished (cut off mid-write)",
+                        os.path.join(root, name))
+    steps = []
+    for step, path in reversed(iter_dirs(root)):
+        reason = why_incomplete(path, step)
+        if reason is None:
+            steps.append(step)
+        else:
+            log.warning("checkpoint: skipping %s: %s", path, reason)
+    return steps
+
+
+def remove_stale_tmp(root: str, *, keep: str | None = None) -> list[str]:
+    """Delete ``iter_*.tmp`` / ``iter_*.old`` leftovers of saves cut off by a crash; returns what was removed."""
+    removed = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        path = os.path.join(root, name)
+        if _TMP_RE.match(name) and path != keep and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        log.info("checkpoint: removed incomplete saves %s", ", ".join(removed))
+    return removed
+
+
+def apply_retention(root: str, keep_last_n: int, *, just_saved: int) -> list[str]:
+    """Keep the ``keep_last_n`` newest ``iter_N`` directories (never ``just_saved``); returns what was removed."""
+    dirs = iter_dirs(root)
+    keep = {step for step, _ in dirs[-keep_last_n:]} | {just_saved}
+    removed = []
+    for step, path in dirs:
+        if step not in keep and len(dirs) - len(removed) > keep_last_n:
+            shutil.rmtree(path)
+            removed.append(path)
+    if removed:
+        log.info("checkpoint: keep_last_n=%d removed %s", keep_last_n, ", ".join(removed))
+    return removed
+
+
+def commit(root: str, tmp_path: str, step: int) -> str:
+    """Make the finished save in ``tmp_path`` visible as ``iter_N`` and point the tracker at it.
+
+    Order matters for crash safety: rename (atomic) -> fsync -> tracker. When
+    ``iter_N`` already exists (a second save of the same step), it is moved
+    aside first; a crash in between leaves ``iter_N.old``, which
+    :func:`remove_stale_tmp` cleans, and the previous checkpoint is used.
+    """
+    final = os.path.join(root, iter_dir_name(step))
+    aside = None
+    if os.path.exists(final):
+        aside = final + ".old"
+        if os.path.exists(aside):
+            shutil.rmtree(aside)
+        os.rename(final, aside)
+    os.rename(tmp_path, final)
+    fsync_dir(root)
+    write_tracker(root, step)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    return final
