@@ -1,0 +1,186 @@
+"""Bad plugin inputs fail before anything is submitted, each with a message that names the setting."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from megatron_resilience.upstream import import_nemo_run
+
+run = import_nemo_run()
+
+from megatron_resilience.config import ConfigError  # noqa: E402
+from megatron_resilience.entry import pretrain  # noqa: E402
+from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, preview  # noqa: E402
+
+
+def task():
+    return run.Partial(pretrain, run_dir="/runs/gpt")
+
+
+def slurm(**kw):
+    kw.setdefault("time", "01:00:00")
+    return run.SlurmExecutor(account="acct", tunnel=run.LocalTunnel(job_dir="/cluster/experiments"), **kw)
+
+
+def other_function(x: int = 1) -> int:
+    return x
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"step_timeout": 0}, "FaultTolerancePlugin.step_timeout: must be a number > 0, got 0"),
+    ({"setup_timeout": -5}, "FaultTolerancePlugin.setup_timeout: must be a number > 0, got -5"),
+    ({"checkpointing_timeout": -1.5}, "FaultTolerancePlugin.checkpointing_timeout: must be a number > 0, got -1.5"),
+    ({"out_of_section_timeout": 0}, "FaultTolerancePlugin.out_of_section_timeout: must be a number > 0, got 0"),
+    ({"initial_rank_heartbeat_timeout": 0},
+     "FaultTolerancePlugin.initial_rank_heartbeat_timeout: must be a number > 0, got 0"),
+    ({"rank_heartbeat_timeout": -300}, "FaultTolerancePlugin.rank_heartbeat_timeout: must be a number > 0, got -300"),
+    ({"workload_check_interval": 0}, "FaultTolerancePlugin.workload_check_interval: must be a number > 0, got 0"),
+    ({"num_in_job_restarts": -1}, "FaultTolerancePlugin.num_in_job_restarts: must be an integer >= 0, got -1"),
+    ({"num_job_retries_on_failure": -2},
+     "FaultTolerancePlugin.num_job_retries_on_failure: must be an integer >= 0, got -2"),
+    ({"num_in_job_restarts": 1.5}, "FaultTolerancePlugin.num_in_job_restarts: must be an integer, got 1.5"),
+    ({"rank_termination_signal": "SIGFOO"}, "FaultTolerancePlugin.rank_termination_signal: must be one of ["),
+    ({"log_level": "LOUD"},
+     "FaultTolerancePlugin.log_level: must be one of ['DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL'], got 'LOUD'"),
+    ({"nvrx_version": "latest"}, "FaultTolerancePlugin.nvrx_version: must be a version like '0.7'"),
+    ({"enable_ft_package": "yes"}, "FaultTolerancePlugin.enable_ft_package: must be true or false, got 'yes'"),
+])
+def test_fault_tolerance_plugin_rejects(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        FaultTolerancePlugin(**kwargs)
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"preempt_time": 0}, "PreemptionPlugin.preempt_time: must be an integer >= 1, got 0"),
+    ({"preempt_time": -60}, "PreemptionPlugin.preempt_time: must be an integer >= 1, got -60"),
+    ({"signal": "SIGKILL"}, "PreemptionPlugin.signal: must be one of ['SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2', "
+                            "'SIGHUP', 'SIGQUIT', 'SIGALRM', 'SIGCONT'], got 'SIGKILL'"),
+    ({"signal": "TERM"}, "PreemptionPlugin.signal: must be one of ['SIGTERM'"),
+    ({"enable_exit_handler": 1}, "PreemptionPlugin.enable_exit_handler: must be true or false, got 1"),
+])
+def test_preemption_plugin_rejects(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        PreemptionPlugin(**kwargs)
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("time, preempt_time, message", [
+    ("01:00:00", 3600, "PreemptionPlugin.preempt_time: must be below the executor's time limit "
+                       "executor.time='01:00:00' (3600 s), got 3600"),
+    ("1", 60, "PreemptionPlugin.preempt_time: must be below the executor's time limit executor.time='1' (60 s), got 60"),
+    ("00:01:00", 90, "PreemptionPlugin.preempt_time: must be below the executor's time limit "
+                     "executor.time='00:01:00' (60 s), got 90"),
+    ("1:30", 120, "PreemptionPlugin.preempt_time: must be below the executor's time limit executor.time='1:30' "
+                  "(90 s), got 120"),
+    ("soon", 60, "executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got 'soon'"),
+])
+def test_preempt_time_must_be_below_the_time_limit(time, preempt_time, message):
+    with pytest.raises(ConfigError) as err:
+        preview(task(), slurm(time=time), [PreemptionPlugin(preempt_time=preempt_time)])
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("time, preempt_time", [("1-00:00:00", 86399), ("2-0", 3600), ("00:02:00", 30),
+                                                ("UNLIMITED", 10**6)])
+def test_preempt_time_below_the_limit_is_accepted(time, preempt_time):
+    assert f"#SBATCH --signal=SIGTERM@{preempt_time}" in preview(
+        task(), slurm(time=time), [PreemptionPlugin(preempt_time=preempt_time)])
+
+
+@pytest.mark.parametrize("plugin", [FaultTolerancePlugin, PreemptionPlugin])
+def test_unsupported_executor(plugin, tmp_path):
+    executor = run.DockerExecutor(container_image="img", job_dir=str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        plugin().setup(task(), executor)
+    assert str(err.value) == (f"{plugin.__name__}: unsupported executor DockerExecutor; "
+                              "supported executors: run.SlurmExecutor, run.LocalExecutor")
+
+
+def test_preview_needs_a_slurm_executor():
+    with pytest.raises(ConfigError, match=r"^preview: needs a run.SlurmExecutor \(the sbatch script\), "
+                                          r"got LocalExecutor$"):
+        preview(task(), run.LocalExecutor(), [])
+
+
+@pytest.mark.parametrize("bad_task, message", [
+    (run.Partial(other_function, x=2), "unsupported task run.Partial(test_plugins_validation.other_function)"),
+    (run.Script(path="train.sh"), "unsupported task run.Script(path='train.sh', m=False, entrypoint='bash')"),
+    (run.Script(path="other_module", m=True, entrypoint="python"),
+     "unsupported task run.Script(path='other_module', m=True, entrypoint='python')"),
+    (run.Config(other_function), "unsupported task type Config"),
+    (run.Script(inline="echo hello"),
+     "the inline run.Script must run 'python -m megatron_resilience key=value ...' exactly once, found 0"),
+    (run.Script(inline="python -m megatron_resilience run_dir=/a\npython -m megatron_resilience run_dir=/b"),
+     "the inline run.Script must run 'python -m megatron_resilience key=value ...' exactly once, found 2"),
+    (run.Script(inline="python -m megatron_resilience run_dir=/a\necho done"),
+     "'python -m megatron_resilience' must be the last command of the inline run.Script"),
+    (run.Script(inline="python -m megatron_resilience run_dir=/a | tee log"),
+     "the trainer line of the inline run.Script must be a single command (no |)"),
+    (run.Script(inline="cd /work && python -m megatron_resilience run_dir=/a"),
+     "the trainer line of the inline run.Script must be a single command (no &&)"),
+])
+@pytest.mark.parametrize("plugin", [FaultTolerancePlugin, PreemptionPlugin])
+def test_unsupported_task(plugin, bad_task, message):
+    with pytest.raises(ConfigError) as err:
+        preview(bad_task, slurm(), [plugin()])
+    assert str(err.value).startswith(f"{plugin.__name__}: {message}")
+    if "unsupported task" in message:
+        assert "supported tasks: run.Partial(megatron_resilience.entry.pretrain, ...)" in str(err.value)
+
+
+@pytest.mark.parametrize("plugins, executor_kw, message", [
+    (lambda: [FaultTolerancePlugin(), FaultTolerancePlugin(num_in_job_restarts=5)], {},
+     "conflicting plugins: FaultTolerancePlugin is given twice for the same job; "
+     "pass one FaultTolerancePlugin with all its settings"),
+    (lambda: [PreemptionPlugin(), FaultTolerancePlugin(), PreemptionPlugin(preempt_time=30)], {},
+     "conflicting plugins: PreemptionPlugin is given twice for the same job; "
+     "pass one PreemptionPlugin with all its settings"),
+    (lambda: [FaultTolerancePlugin()], {"launcher": run.FaultTolerance(max_restarts=5)},
+     "conflicting settings: executor.launcher.max_restarts=5 but FaultTolerancePlugin needs 3 (ft.mode=sections); "
+     "configure fault tolerance on the FaultTolerancePlugin only"),
+    (lambda: [FaultTolerancePlugin()], {"launcher": run.FaultTolerance(rank_heartbeat_timeout=600)},
+     "conflicting settings: executor.launcher.rank_heartbeat_timeout=600 but FaultTolerancePlugin needs None "
+     "(ft.mode=sections)"),
+    (lambda: [FaultTolerancePlugin()], {"launcher": run.SlurmTemplate(template_inline="{{ command }}")},
+     "conflicting launcher: executor.launcher is SlurmTemplate, but FaultTolerancePlugin needs ft_launcher "
+     "(run.FaultTolerance); use launcher=None, 'torchrun' or 'ft'"),
+    (lambda: [FaultTolerancePlugin()], {"env_vars": {"PET_FT_CFG_PATH": "/my/ft.yaml"}},
+     "conflicting settings: executor.env_vars['PET_FT_CFG_PATH']='/my/ft.yaml', but FaultTolerancePlugin points "
+     "ft_launcher at its own FT config"),
+    (lambda: [PreemptionPlugin()], {"signal": "USR1@300"},
+     "conflicting settings: executor.signal='USR1@300' but PreemptionPlugin needs 'SIGTERM@60'; "
+     "set signal and preempt_time on the PreemptionPlugin only"),
+    (lambda: [PreemptionPlugin(preempt_time=90)], {"additional_parameters": {"signal": "B:SIGTERM@90"}},
+     "conflicting settings: executor.additional_parameters['signal']='B:SIGTERM@90' but PreemptionPlugin needs "
+     "'SIGTERM@90'"),
+])
+def test_conflicts(plugins, executor_kw, message):
+    with pytest.raises(ConfigError) as err:
+        preview(task(), slurm(**executor_kw), plugins())
+    assert str(err.value).startswith(message)
+
+
+def test_compatible_user_launchers_are_accepted():
+    ft = preview(task(), slurm(launcher=run.FaultTolerance(max_restarts=3, log_level="INFO")), [FaultTolerancePlugin()])
+    torchrun = preview(task(), slurm(launcher=run.Torchrun(rdzv_port=29600)), [FaultTolerancePlugin()])
+    assert "ft_launcher --ft-workload_check_interval 5.0" in ft
+    assert "--rdzv-endpoint localhost:0" in torchrun and "ft_launcher" in torchrun
+    same_signal = preview(task(), slurm(signal="SIGTERM@60"), [PreemptionPlugin()])
+    assert same_signal.count("#SBATCH --signal=SIGTERM@60") == 1
+
+
+def test_errors_come_before_anything_is_submitted(tmp_path):
+    """Through run.run (dryrun) the error is raised while the job is added: no sbatch, no job dir."""
+    from nemo_run.config import get_nemorun_home, set_nemorun_home
+
+    home = get_nemorun_home()
+    set_nemorun_home(str(tmp_path))
+    try:
+        with pytest.raises(ConfigError, match="PreemptionPlugin.preempt_time: must be below"):
+            run.run(task(), executor=slurm(time="00:01:00"), plugins=[PreemptionPlugin()], dryrun=True)
+    finally:
+        set_nemorun_home(home)
+    assert not [f for _, _, files in os.walk(tmp_path) for f in files]
