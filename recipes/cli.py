@@ -17,6 +17,7 @@ and, for Slurm, the sbatch script the job would use.
 """
 
 import dataclasses
+import os
 import sys
 from typing import Any, Callable, List, Literal, Optional
 
@@ -25,15 +26,24 @@ from megatron_resilience.config.overrides import config_to_overrides
 from megatron_resilience.entry import pretrain
 from megatron_resilience.upstream import import_nemo_run
 from megatron_resilience.recipes.gpt import RECIPES, validate
-from megatron_resilience.recipes.overrides import apply_overrides
+from megatron_resilience.recipes.overrides import apply_overrides, apply_plugin_overrides, unknown_executor_keys
 
 run = import_nemo_run()
 import fiddle as fdl  # noqa: E402
 from nemo_run.cli.api import RunContext, RunContextError  # noqa: E402
 
 NAMESPACE = "megatron_resilience"
-# Threads per CPU rank: the demo machines have 2 cores for 2 ranks.
-_CPU_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _local_env() -> dict:
+    """One thread per CPU rank (2 cores for 2 ranks here), and torchrun/ft_launcher from this Python's
+    environment: the local scheduler looks them up on PATH, which lacks a venv that is not activated."""
+    env = {"OMP_NUM_THREADS": "1"}
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        env["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
+    return env
 
 
 # --- executors ---------------------------------------------------------------------------------------------
@@ -42,22 +52,24 @@ _CPU_ENV = {"OMP_NUM_THREADS": "1"}
 @run.cli.factory
 def local(ntasks_per_node: int = 2) -> run.Config[run.LocalExecutor]:
     """This machine, ``ntasks_per_node`` ranks under torchrun (CPU ranks when there is no GPU)."""
-    return run.Config(run.LocalExecutor, ntasks_per_node=ntasks_per_node, launcher="torchrun", env_vars=dict(_CPU_ENV))
+    return run.Config(run.LocalExecutor, ntasks_per_node=ntasks_per_node, launcher="torchrun", env_vars=_local_env())
 
 
 @run.cli.factory
-def local_ft(ntasks_per_node: int = 2, max_restarts: int = 3) -> run.Config[run.LocalExecutor]:
+def local_ft(ntasks_per_node: int = 2) -> run.Config[run.LocalExecutor]:
     """This machine under nvidia-resiliency-ext's ft_launcher: a failed or hung rank restarts the worker group.
 
-    Every launcher field is explicit: nemo_run renders the all-None form as
-    ``--ignore-missing-fault-tol-cfg``, which newer ft_launchers reject.
+    The launcher is nemo_run's ``"ft"``; ``FaultTolerancePlugin`` fills in every ft_launcher
+    setting (restarts, section timeouts through its FT config file). nemo_run alone would
+    render ``--ignore-missing-fault-tol-cfg``, which newer ft_launchers reject, so the
+    ``nemo`` command adds ``FaultTolerancePlugin()`` when ``run.plugins`` has none.
     """
-    launcher = run.Config(
-        run.FaultTolerance, max_restarts=max_restarts, workload_check_interval=2.0,
-        rank_termination_signal="SIGKILL", log_level="INFO",
-    )
-    return run.Config(run.LocalExecutor, ntasks_per_node=ntasks_per_node, launcher=launcher,
-                      env_vars=dict(_CPU_ENV))
+    return run.Config(run.LocalExecutor, ntasks_per_node=ntasks_per_node, launcher="ft", env_vars=_local_env())
+
+
+def uses_ft_launcher(executor: Any) -> bool:
+    launcher = getattr(executor, "launcher", None)
+    return launcher == "ft" or isinstance(launcher, run.FaultTolerance)
 
 
 @run.cli.factory
@@ -134,11 +146,34 @@ class PretrainRunContext(RunContext):
         # `run_dir=...`; split on the exact "run." prefix instead.
         run_args = [a[len("run."):] for a in args if a.startswith("run.")]
         task_args = [a for a in args if not a.startswith("run.")]
-        try:
-            self.parse_args(run_args)
-        except (ValueError, AttributeError, TypeError) as err:
-            raise RunContextError(f"run options {run_args}: {err}") from None
+        self.parse_args(run_args)
         self._execute_task(fn, task_args)
+
+    def parse_args(self, args: List[str], lazy: bool = False) -> List[str]:
+        # Plugin overrides are ours (typed, validated); executor overrides stay NeMo-Run's, with a short
+        # "valid keys" error instead of its dump of the whole executor config.
+        plugin_args = [a for a in args if a.startswith(("plugins.", "plugins["))]
+        rest = [a for a in args if a not in plugin_args]
+        try:
+            left = super().parse_args(rest, lazy)
+        except Exception as err:  # NeMo-Run raises ValueError/AttributeError/its own parse errors
+            raise RunContextError(self._explain(rest) or f"run options {rest}: {err}") from None
+        if plugin_args:
+            try:
+                self.plugins = apply_plugin_overrides(list(self.plugins or []), plugin_args)
+            except ConfigError as err:
+                raise RunContextError(str(err)) from None
+        return left
+
+    def _explain(self, args: List[str]) -> Optional[str]:
+        names = [a.split("=", 1)[1] for a in args if a.startswith("executor=")]
+        if not names:
+            return None
+        try:
+            executor_cls = fdl.get_callable(self.parse_executor(names[-1]))
+        except ValueError:
+            return f"run.executor={names[-1]}: unknown executor; ours: local, local_ft, slurm"
+        return unknown_executor_keys(executor_cls, args)
 
     def parse_fn(self, fn: Callable, args: List[str], **default_kwargs: Any):
         task = super().parse_fn(fn, [], **default_kwargs)  # the --factory recipe (or a bare Partial)
@@ -161,12 +196,18 @@ class PretrainRunContext(RunContext):
               f"world size {world_size(executor) if executor is not None else 1})")
         print("\n".join(config_to_overrides(config)))
         plugins = list(self.plugins or [])
+        if executor is not None and uses_ft_launcher(executor):
+            from megatron_resilience.plugins import FaultTolerancePlugin
+
+            if not any(isinstance(p, FaultTolerancePlugin) for p in plugins):
+                plugins.append(FaultTolerancePlugin())
+                print("# the executor uses ft_launcher: added FaultTolerancePlugin() to run.plugins")
         if self.dryrun:
             if executor is not None and is_slurm(executor):
                 from megatron_resilience.plugins import preview
 
                 print("# sbatch script")
-                print(preview(task, executor, plugins))
+                print(preview(task, executor, plugins, name=self.name))
             return
         if not self._should_continue(self.skip_confirmation):
             return

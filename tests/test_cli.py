@@ -75,10 +75,8 @@ def test_executor_factories_set_world_size_and_launcher(tmp_path):
     import nemo_run as run
 
     ft = fdl.build(local_ft())
-    assert isinstance(ft.launcher, run.FaultTolerance)
-    # Every field set: nemo_run renders an all-None FaultTolerance as --ignore-missing-fault-tol-cfg.
-    assert (ft.launcher.max_restarts, ft.launcher.workload_check_interval, ft.launcher.rank_termination_signal,
-            ft.launcher.log_level) == (3, 2.0, "SIGKILL", "INFO")
+    assert (ft.launcher, ft.ntasks_per_node) == ("ft", 2)  # FaultTolerancePlugin fills in every ft_launcher field
+    assert "# the executor uses ft_launcher: added FaultTolerancePlugin() to run.plugins" in out
     assert fdl.build(local()).launcher == "torchrun" and fdl.build(local()).ntasks_per_node == 2
     ex = fdl.build(slurm(account="acct", partition="batch", nodes=2, time="01:00:00"))
     assert (ex.account, ex.partition, ex.nodes, ex.time, ex.ntasks_per_node, ex.gpus_per_node) == \
@@ -147,3 +145,39 @@ def test_installed_nemo_script_finds_the_namespace_through_the_entry_point(tmp_p
     assert "# pretrain: final config (LocalExecutor, world size 16)" in proc.stdout
     assert (lines["model.num_layers"], lines["model.hidden_size"], lines["train.max_steps"],
             lines["train.global_batch_size"], lines["run_dir"]) == ("12", "768", "1000", "256", f"{tmp_path}/gpt_126m")
+
+
+SLURM = ["--factory", "gpt_126m(dir=/lustre/me/runs,num_nodes=2)", "--dryrun", "run.executor=slurm",
+         "run.executor.account=acct", "run.executor.partition=batch", "run.executor.nodes=2",
+         "train.max_steps=1000", "optim.lr_warmup_steps=10"]
+
+
+def test_slurm_dryrun_prints_the_sbatch_script_with_the_plugins_applied():
+    code, out, err = nemo(*SLURM, "run.plugins=[ft,preemption]", "run.plugins[1].preempt_time=90",
+                          "run.plugins.num_in_job_restarts=5")
+    assert code == 0, err
+    config, script = out.split("# sbatch script\n", 1)
+    assert "# pretrain: final config (SlurmExecutor, world size 16)" in config
+    assert config_lines(config)["run_dir"] == "/lustre/me/runs/gpt_126m"
+    for line in ("#SBATCH --account=acct", "#SBATCH --partition=batch", "#SBATCH --nodes=2",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --signal=SIGTERM@90",
+                 "#SBATCH --time=04:00:00", "rank_section_timeouts:", "export TORCHX_MAX_RETRIES=2"):
+        assert line in script, line
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert " ft_launcher " in srun and " --max-restarts 5 " in srun and " --nproc-per-node 8 " in srun
+    assert "-m nemo_run.core.runners.fdl_runner -n pretrain" in srun
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run.executor=slurm", "run.executor.acount=x"],
+     "Error: executor.acount: unknown key; valid keys: executor.packager, executor.launcher,"),
+    (["run.executor=slurmx"], "Error: run.executor=slurmx: unknown executor; ours: local, local_ft, slurm"),
+    (["run.executor=slurm", "run.plugins=ft", "run.plugins.step_timeout=-1"],
+     "Error: FaultTolerancePlugin.step_timeout: must be a number > 0, got -1.0"),
+    (["run.executor=slurm", "run.plugins=ft", "run.plugins.preempt_time=10"],
+     "Error: plugins.preempt_time: unknown key; valid keys: plugins.calc_ft_timeouts, plugins.checkpointing_timeout,"),
+])
+def test_bad_executor_and_plugin_overrides_fail_with_a_clear_message(args, message):
+    code, out, err = nemo("--factory", "gpt_126m", "--dryrun", *args)
+    assert code == 1
+    assert err.startswith(message), err
