@@ -26,7 +26,7 @@ from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, check_positive, fail
 from megatron_resilience.upstream import (
     NEMO_RUN_FT_PARAM_FIELDS, ft_cfg_path_env, ft_launcher_accepts_nemo_run_flags, import_nemo_run,
-    nvrx_version_for_rendering, parse_version,
+    nemo_run_ft_param_flag, nvrx_version_for_rendering, parse_version, unaccepted_ft_launcher_flags,
 )
 from megatron_resilience.plugins import ft_config
 from megatron_resilience.plugins._executor import (
@@ -104,6 +104,13 @@ class FaultTolerancePlugin(run.Plugin):
 
         executor.launcher = self._launcher(executor.launcher, mode, version)
         executor._launcher_setup = False  # nemo_run derives the FT file paths when it sets the launcher up
+        rendered = [nemo_run_ft_param_flag(f) for f in NEMO_RUN_FT_PARAM_FIELDS if getattr(executor.launcher, f)]
+        bad = unaccepted_ft_launcher_flags(rendered, version)
+        if bad:  # cannot happen by construction; a guard against nemo_run changing its spelling
+            raise ConfigError(f"{NAME}: ft_launcher of nvidia-resiliency-ext {'.'.join(map(str, version))} "
+                              f"would reject {bad}")
+        if kind == "slurm":
+            self._check_ranks_per_node(executor)
         disable_nsys(executor, editor, NAME, "nsys would wrap ft_launcher and be restarted with it, and "
                      "signals and in-job restarts would not reach the training ranks")
         if executor.retries != self.num_job_retries_on_failure:
@@ -179,6 +186,16 @@ class FaultTolerancePlugin(run.Plugin):
             carry.update({k: getattr(current, k) for k in (
                 "nsys_profile", "nsys_folder", "nsys_filename", "nsys_trace", "nsys_extra_args", "nsys_gpu_metrics")})
         return run.FaultTolerance(**carry, **wanted)
+
+    @staticmethod
+    def _check_ranks_per_node(executor: Any) -> None:
+        # nemo_run starts one ft_launcher per node with --nproc-per-node = torchrun_nproc_per_node or
+        # ntasks_per_node (then forces ntasks_per_node=1): ntasks_per_node=1 with 8 GPUs means 1 rank per node.
+        nproc = executor.torchrun_nproc_per_node or executor.ntasks_per_node
+        gpus = executor.gpus_per_node
+        if gpus and nproc != gpus:
+            log.warning("%s: ft_launcher will start %s rank(s) per node but executor.gpus_per_node=%s; set "
+                        "ntasks_per_node=%s (nemo_run turns it into --nproc-per-node)", NAME, nproc, gpus, gpus)
 
     @staticmethod
     def _set_env(executor: Any, env: str, path: str) -> None:

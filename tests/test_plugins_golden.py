@@ -237,3 +237,13 @@ def test_partial_task_settings_in_serialized_job_config(tmp_path):
     built = fdl.build(task.ft), fdl.build(task.train)
     assert built[0] == FaultToleranceConfig(enabled=True, calc_ft_timeouts=True)
     assert built[1] == TrainingConfig(max_steps=1000, exit_signal_handler=True, exit_signal="SIGTERM")
+
+
+def test_preview_with_ssh_tunnel_does_not_connect():
+    """From a laptop: the remote job dir comes from SSHTunnel(job_dir=...); nothing connects or copies."""
+    task, _, plugins = CASES["ft_preemption_partial"]()
+    executor = run.SlurmExecutor(account="acct", time="04:00:00", ntasks_per_node=2, gpus_per_node=2,
+                                 tunnel=run.SSHTunnel(host="login.invalid", user="me", job_dir="/remote/exp"))
+    script = preview(task, executor, plugins, name="gpt")
+    assert "export PET_FT_CFG_PATH=/remote/exp/gpt/gpt_preview/gpt/gpt_ft_cfg.yml" in script
+    assert executor.tunnel.session is None

@@ -8,6 +8,7 @@ lives in the Slurm test suite.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -106,3 +107,9 @@ def test_ft_golden_has_no_preemption_requeue_block():
     for name in ("ft_preemption_partial.sh", "ft_preemption_script.sh", "ft_heartbeats_preemption_inline.sh"):
         with open(os.path.join(GOLDEN, name)) as f:
             assert "PreemptionPlugin requeue" not in f.read()
+
+
+def test_golden_scripts_are_valid_bash():
+    for path in sorted(glob.glob(os.path.join(GOLDEN, "*.sh"))):
+        proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path}: {proc.stderr}"
