@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Start (installing first if needed) a single-node Slurm cluster: munged, a private MariaDB, slurmdbd,
+# slurmctld and slurmd, started directly (no systemd) with their PIDs recorded under $STATE/run.
+# Idempotent: a running, healthy cluster with unchanged config is reused in well under a second.
+# Prints nothing on stdout but `key=value` lines describing the cluster (for tests and notebooks).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/common.sh"
+
+bash "$HERE/install.sh"
+mkdir -p "$STATE"/{run,log,ctld,slurmd}
+chmod 755 "$STATE"
+exec 9>"$STATE/.lock"
+flock 9
+
+describe() {
+  echo "cluster=$CLUSTER"
+  echo "partition=$PARTITION"
+  echo "state_dir=$STATE"
+  echo "slurm_conf=/etc/slurm/slurm.conf"
+}
+
+fail() {
+  log "$*"
+  for f in "$STATE"/log/*.log; do echo "--- $f" >&2; tail -n 20 "$f" >&2 || true; done
+  exit 1
+}
+
+# wait_for SECONDS WHAT COMMAND... : poll until COMMAND succeeds.
+wait_for() {
+  local seconds=$1 what=$2; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || fail "timed out after ${seconds}s waiting for $what"
+    sleep 0.2
+  done
+}
+
+node_state() { sinfo -h -n localhost -o %T 2>/dev/null | head -n1; }
+node_usable() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+all_alive() { local d; for d in "${DAEMONS[@]}"; do [[ -n $(pid_of "$d") ]] || [[ $d == munged ]] || return 1; done; }
+munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>/dev/null; }
+
+# --- config: render the templates; restart everything if a file changed while running -------------------
+[[ -s $STATE/db.pass ]] || { (umask 077; head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$STATE/db.pass"); }
+DB_PASS=$(<"$STATE/db.pass")
+render() {
+  sed -e "s|@STATE@|$STATE|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@PARTITION@|$PARTITION|g" \
+      -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@DB_PASS@|$DB_PASS|g" "$1"
+}
+changed=0
+install_conf() {  # install_conf TEMPLATE DEST MODE
+  local tmp; tmp=$(mktemp)
+  render "$1" >"$tmp"
+  if ! cmp -s "$tmp" "$2"; then install -m "$3" "$tmp" "$2"; changed=1; fi
+  rm -f "$tmp"
+}
+mkdir -p /etc/slurm
+install_conf "$HERE/slurm.conf.in" /etc/slurm/slurm.conf 644
+install_conf "$HERE/cgroup.conf.in" /etc/slurm/cgroup.conf 644
+install_conf "$HERE/slurmdbd.conf.in" /etc/slurm/slurmdbd.conf 600
+
+if [[ $changed -eq 0 ]] && all_alive && munge_ok && scontrol ping 2>/dev/null | grep -q UP && node_usable; then
+  log "already running (state in $STATE)"
+  describe
+  exit 0
+fi
+if [[ $changed -eq 1 ]] && all_alive; then
+  log "config changed: restarting"
+  flock -u 9
+  bash "$HERE/stop.sh"
+  flock 9
+fi
+started=$SECONDS
+
+# --- munge ------------------------------------------------------------------------------------------------
+if ! munge_ok; then
+  install -d -o munge -g munge -m 755 /run/munge
+  install -d -o munge -g munge -m 700 /var/log/munge /var/lib/munge
+  [[ -s /etc/munge/munge.key ]] || { mungekey --create --keyfile=/etc/munge/munge.key; chown munge:munge /etc/munge/munge.key; }
+  rm -f /run/munge/munged.pid
+  runuser -u munge -- /usr/sbin/munged 9>&-  # daemons must not inherit the lock
+  wait_for 10 "munged" test -s /run/munge/munged.pid
+  cp /run/munge/munged.pid "$STATE/run/munged.pid"
+  wait_for 10 "munge credentials" munge_ok
+  log "started munged (pid $(<"$STATE/run/munged.pid"))"
+fi
+
+# --- MariaDB (private datadir, 127.0.0.1:$DB_PORT) -------------------------------------------------------
+SOCK=$STATE/mysql-run/mysqld.sock
+sql() { mariadb --no-defaults --socket="$SOCK" -uroot "$@"; }
+if [[ -z $(pid_of mariadbd) ]]; then
+  install -d -o mysql -g mysql -m 755 "$STATE/mysql" "$STATE/mysql-run"
+  if [[ ! -d $STATE/mysql/mysql ]]; then
+    mariadb-install-db --no-defaults --user=mysql --datadir="$STATE/mysql" --auth-root-authentication-method=socket \
+      --skip-test-db >"$STATE/log/mariadb-install.log" 2>&1 || fail "mariadb-install-db failed"
+  fi
+  setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$STATE/mysql" --socket="$SOCK" \
+    --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve --pid-file="$STATE/mysql-run/mariadbd.pid" \
+    --log-error="$STATE/log/mariadb.log" --innodb-buffer-pool-size=64M --innodb-log-file-size=64M \
+    --innodb-lock-wait-timeout=900 </dev/null >/dev/null 2>&1 9>&- &
+  echo $! >"$STATE/run/mariadbd.pid"
+  wait_for 60 "MariaDB" sql -e "SELECT 1"
+  log "started mariadbd (pid $(<"$STATE/run/mariadbd.pid"))"
+fi
+for host in 127.0.0.1 localhost; do
+  sql -e "CREATE USER IF NOT EXISTS 'slurm'@'$host' IDENTIFIED BY '$DB_PASS';
+          ALTER USER 'slurm'@'$host' IDENTIFIED BY '$DB_PASS';
+          GRANT ALL ON slurm_acct_db.* TO 'slurm'@'$host';"
+done
+
+# --- slurmdbd, then the cluster's record in it --------------------------------------------------------------
+if [[ -z $(pid_of slurmdbd) ]]; then
+  /usr/sbin/slurmdbd 9>&-
+  wait_for 60 "slurmdbd" sacctmgr -n list cluster
+  log "started slurmdbd (pid $(<"$STATE/run/slurmdbd.pid"))"
+fi
+if ! sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
+  sacctmgr -i add cluster "$CLUSTER" >/dev/null
+fi
+
+# --- slurmctld and slurmd ------------------------------------------------------------------------------------
+if [[ -z $(pid_of slurmctld) ]]; then
+  /usr/sbin/slurmctld 9>&-
+  wait_for 30 "slurmctld" bash -c "scontrol ping | grep -q UP"
+  log "started slurmctld (pid $(<"$STATE/run/slurmctld.pid"))"
+fi
+if [[ -z $(pid_of slurmd) ]]; then
+  /usr/sbin/slurmd -N localhost 9>&-
+  wait_for 30 "slurmd pid file" test -s "$STATE/run/slurmd.pid"
+  log "started slurmd (pid $(<"$STATE/run/slurmd.pid"))"
+fi
+if [[ $(node_state) =~ (down|drain|fail) ]]; then
+  scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true
+fi
+wait_for 30 "node localhost to be idle (state: $(node_state))" node_usable
+wait_for 30 "sacct" sacct -n -X
+log "cluster up in $((SECONDS - started))s (state in $STATE)"
+describe
