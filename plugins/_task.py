@@ -24,7 +24,7 @@ import typing
 from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
-from megatron_resilience.config.overrides import _parse
+from megatron_resilience.config.overrides import config_from_overrides
 from megatron_resilience.upstream import import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")
@@ -202,7 +202,8 @@ class ScriptEditor(TaskEditor):
         if not found:
             return False, None
         section, _, name = key.partition(".")
-        return True, _parse(key, raw, typing.get_type_hints(_section_class(section))[name])
+        parsed = config_from_overrides(["run_dir=/unused", f"{key}={raw}"])  # the trainer's own parsing
+        return True, getattr(getattr(parsed, section), name)
 
     def _replace_span(self, new_lines: list[str]) -> None:
         lines = self.task.inline.split("\n")

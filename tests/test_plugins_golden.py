@@ -247,3 +247,19 @@ def test_preview_with_ssh_tunnel_does_not_connect():
     script = preview(task, executor, plugins, name="gpt")
     assert "export PET_FT_CFG_PATH=/remote/exp/gpt/gpt_preview/gpt/gpt_ft_cfg.yml" in script
     assert executor.tunnel.session is None
+
+
+def test_container_job_reads_files_through_the_nemo_run_mount():
+    """With a container the batch shell writes host paths; job steps read them under the /nemo_run mount."""
+    task, _, plugins = CASES["ft_preemption_partial"]()
+    executor = slurm(container_image="nvcr.io/nvidia/pytorch:25.09-py3")
+    script = preview(task, executor, plugins, name="gpt")
+    host = f"{JOB_DIR}/gpt/gpt_preview/gpt"
+    assert "export PET_FT_CFG_PATH=/nemo_run/gpt_ft_cfg.yml\n" in script
+    assert f"cat > {host}/gpt_ft_cfg.yml <<'MEGATRON_RESILIENCE_FT_CFG'\n" in script
+    assert f"--container-mounts {host}:/nemo_run" in script
+
+    task, _, plugins = CASES["preemption_partial"]()
+    script = preview(task, slurm(launcher="torchrun", container_image="img"), plugins, name="gpt")
+    assert "export FAULT_TOL_FINISHED_FLAG_FILE=/nemo_run/gpt_finished_flag\n" in script
+    assert f'[ ! -f {host}/gpt_finished_flag ]' in script
