@@ -13,7 +13,8 @@ end of the run, every section with enough observations gets
 the client's EMA). Rank 0 writes them atomically to ``<checkpoint.save>/ft_state.json``;
 after a restart they are loaded before the rank connects, so the monitor uses them
 from the first second. The setup timeout is learned only from runs that loaded a
-checkpoint, the out-of-section one only at the end of a run that saw all sections.
+checkpoint, the out-of-section one only at the end of a run that resumed from a checkpoint, saved one and has
+a learned step timeout (so every kind of interval was observed at least once).
 
 Not under ft_launcher (no ``FT_RANK_MONITOR_IPC_SOCKET``): one log line, and
 every call is a no-op.
@@ -153,7 +154,9 @@ class FaultTolerance:
         if self.checkpoints_seen > 0 and not self.async_save:
             selected.append("checkpointing")
         selected = [name for name in selected if name in self.sections]
-        out_of_section = closing and {"setup", "step"} <= set(selected) and self.checkpoints_seen > 0
+        learned_before = set(self.client.section_timeouts.calculated_sections)
+        out_of_section = (closing and "setup" in selected and self.checkpoints_seen > 0
+                          and ("step" in selected or "step" in learned_before))
         if not selected and not out_of_section:
             return
         if self.client.calculate_and_set_section_timeouts(

@@ -1,0 +1,141 @@
+"""Launch the real trainer (``-m megatron_resilience``) under the real ft_launcher, 2 CPU ranks, and inspect it.
+
+Each run gets its own directory: ``ft.yaml`` (the launcher's FT config, written from the timeouts asked
+for), ``launcher.log`` (launcher + ranks, stdout and stderr), the trainer's ``metrics.jsonl``,
+``stop_reason.json``, ``ckpt/`` and the finished flag file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+FAKE_CUPTI = Path(__file__).resolve().parent / "fake_cupti"
+
+# Generous except where a test measures detection: 2 cores run several launches at once.
+DEFAULT_TIMEOUTS = {"setup": 180.0, "step": 60.0, "checkpointing": 60.0, "out_of_section": 90.0}
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    proc: subprocess.Popen
+    started: float
+    returncode: int | None = None
+    wall: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "launcher.log"
+
+    @property
+    def flag(self) -> Path:
+        return self.run_dir / "finished.flag"
+
+    @property
+    def ckpt(self) -> Path:
+        return self.run_dir / "ckpt"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher's own process group (start_new_session)
+            self.proc.wait()
+            raise AssertionError(f"ft_launcher did not finish within {timeout}s; log tail:\n{self.log()[-3000:]}")
+        self.wall = time.monotonic() - self.started
+        return self.returncode
+
+    def stop_reason(self) -> dict:
+        return json.loads((self.run_dir / "stop_reason.json").read_text())
+
+    def train_records(self, *, last_per_step: bool = True) -> list[dict]:
+        records = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
+                   if line.strip()]
+        train = [r for r in records if r.get("kind") == "train"]
+        if not last_per_step:
+            return train
+        by_step = {r["step"]: r for r in train}
+        return [by_step[s] for s in sorted(by_step)]
+
+    def losses(self) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in self.train_records()}
+
+    def checkpoint_steps(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.ckpt.iterdir() if (m := re.fullmatch(r"iter_(\d+)", p.name)))
+
+    def worker_pids(self) -> dict[int, tuple[int, int]]:
+        """rank -> (pid, restart count) of the launcher's live worker processes (not its rank monitors)."""
+        out = {}
+        for child in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split():
+            try:
+                env = dict(kv.split("=", 1) for kv in
+                           Path(f"/proc/{child}/environ").read_bytes().decode(errors="replace").split("\0")
+                           if "=" in kv)
+            except OSError:
+                continue
+            if "TORCHELASTIC_RESTART_COUNT" in env and "RANK" in env:
+                out[int(env["RANK"])] = (int(child), int(env["TORCHELASTIC_RESTART_COUNT"]))
+        return out
+
+
+def write_ft_yaml(path: Path, timeouts: dict[str, float], *, safety_factor: float = 5.0,
+                  check_interval: float = 1.0) -> None:
+    t = {**DEFAULT_TIMEOUTS, **timeouts}
+    path.write_text(
+        "fault_tolerance:\n"
+        "  initial_rank_heartbeat_timeout: null\n"
+        "  rank_heartbeat_timeout: null\n"
+        f"  rank_section_timeouts: {{setup: {t['setup']}, step: {t['step']}, checkpointing: {t['checkpointing']}}}\n"
+        f"  rank_out_of_section_timeout: {t['out_of_section']}\n"
+        f"  workload_check_interval: {check_interval}\n"
+        f"  safety_factor: {safety_factor}\n"
+        "  enable_nic_monitor: false\n")
+
+
+def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeouts: dict | None = None,
+           safety_factor: float = 5.0, fake_cupti: bool = False, module: str = "megatron_resilience") -> Run:
+    """Start ``ft_launcher --nproc-per-node=2 ... -m megatron_resilience run_dir=... <overrides>`` (not waiting)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = run_dir / "ft.yaml"
+    write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor)
+    env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1")
+    if fake_cupti:
+        env["PYTHONPATH"] = os.pathsep.join([str(FAKE_CUPTI), env.get("PYTHONPATH", "")])
+    cmd = [str(VENV_BIN / "ft_launcher"), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
+           "--monitor-interval=0.5", "--workers-stop-timeout=15", f"--ft-cfg-path={cfg}", "-m", module,
+           f"run_dir={run_dir}", f"checkpoint.save={run_dir / 'ckpt'}", "ft.enabled=true", *overrides]
+    log = open(run_dir / "launcher.log", "ab")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return Run(run_dir=run_dir, proc=proc, started=time.monotonic())
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.2, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def log_time(line: str) -> float:
+    """Seconds since the epoch of a ``[YYYY-mm-dd HH:MM:SS,mmm]`` (launcher) or ``at YYYY-.. HH:MM:SS.mmm`` line."""
+    m = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d{3})", line)
+    assert m, line
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000

@@ -1,0 +1,281 @@
+"""Resilience proven under real fault injection: the real trainer (tiny GPT, Megatron-Core, 2 CPU ranks, gloo)
+under the real ft_launcher (nvidia-resiliency-ext), with faults injected by the trainer's own simulated-fault
+settings, by signals, and by Megatron-Core's rerun error injector.
+
+Independent launches run concurrently (a thread pool started once for the module) to keep the wall time
+down; each test waits for its own run(s) and asserts on exit codes, launcher/trainer log lines, per-step
+losses (bitwise, against an uninterrupted run), checkpoints, ft_state.json and the finished flag.
+The only thing replaced is the straggler Detector's CUPTI extension (test 7; see fake_cupti/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from resilience_support.launch import Run, launch, log_time, wait_for
+
+pytestmark = pytest.mark.slow
+
+BASE = ["train.max_steps=30", "checkpoint.save_interval=10"]
+WAIT = 420  # per launch; generous for a loaded 2-core machine
+
+
+def _reference(root):
+    run = launch(root / "reference", BASE + ["ft.calc_ft_timeouts=true"], max_restarts=0)
+    run.wait(WAIT)
+    return run
+
+
+def _killed(root):
+    # Learned timeouts: the save after step 20 has seen 19 step sections (>= 16), so ft_state.json holds a learned
+    # step timeout before the kill at step 25; safety factor 20 keeps it clear of load spikes on this machine.
+    run = launch(root / "killed", BASE + [
+        "ft.calc_ft_timeouts=true", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_killed",
+        "ft.simulated_fault_rank=1", "ft.simulated_fault_step=25"], max_restarts=1, safety_factor=20)
+    run.wait(WAIT)
+    return run
+
+
+def _hung_step(root):
+    run = launch(root / "hung_step", [
+        "train.max_steps=12", "checkpoint.save_interval=4", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_hung",
+        "ft.simulated_fault_rank=1", "ft.simulated_fault_step=7"], max_restarts=1, timeouts={"step": 5.0})
+    run.wait(WAIT)
+    return run
+
+
+def _hung_checkpoint(root):
+    run = launch(root / "hung_ckpt", [
+        "train.max_steps=8", "checkpoint.save_interval=4", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_hung",
+        "ft.simulated_fault_rank=0", "ft.simulated_fault_step=4", "ft.simulated_fault_section=checkpointing"],
+        max_restarts=1, timeouts={"checkpointing": 15.0})
+    run.wait(WAIT)
+    return run
+
+
+def _preempted(root):
+    overrides = BASE + ["train.exit_signal_handler=true"]
+    first = launch(root / "preempted", overrides, max_restarts=0)
+    # Between two periodic checkpoints (10 and 20), so the signal's own checkpoint is what saves the work.
+    wait_for(lambda: (first.run_dir / "metrics.jsonl").exists() and len(first.train_records()) >= 12,
+             timeout=WAIT, what="step 12")
+    workers = first.worker_pids()
+    assert sorted(workers) == [0, 1], workers
+    for pid, _ in workers.values():
+        os.kill(pid, signal.SIGTERM)
+    first.wait(WAIT)
+    first.extra["after_first"] = {"stop_reason": first.stop_reason(), "flag": first.flag.exists(),
+                                  "checkpoints": first.checkpoint_steps(), "records": len(first.train_records())}
+    second = launch(root / "preempted", overrides, max_restarts=0)
+    second.wait(WAIT)
+    return first, second
+
+
+def _rerun(root, kind):
+    run = launch(root / f"rerun_{kind}", [
+        "train.max_steps=12", "checkpoint.save_interval=4", "rerun.rerun_mode=validate_results",
+        "rerun.error_injection_rate=8", f"rerun.error_injection_type={kind}"], max_restarts=1)
+    run.wait(WAIT)
+    return run
+
+
+def _straggler(root):
+    run = launch(root / "straggler", [
+        "train.max_steps=80", "straggler.enabled=true", "straggler.report_time_interval=1",
+        "straggler.stop_if_detected=true", "straggler.simulated_straggler_rank=1",
+        "straggler.simulated_straggler_delay=0.1", "straggler.num_gpu_perf_scores_to_print=2"],
+        max_restarts=0, fake_cupti=True)
+    run.wait(WAIT)
+    return run
+
+
+def _exhausted(root):
+    run = launch(root / "exhausted", BASE, max_restarts=1)
+    killed = set()
+
+    def kill_new_rank1():  # every attempt's rank 1 dies as soon as it exists: restarts run out
+        if run.proc.poll() is not None:
+            return True
+        workers = run.worker_pids()
+        if 1 in workers and workers[1][1] not in killed:
+            killed.add(workers[1][1])
+            os.kill(workers[1][0], signal.SIGKILL)
+        return False
+
+    wait_for(kill_new_rank1, timeout=WAIT, interval=0.3, what="the launcher to give up")
+    run.wait(WAIT)
+    run.extra["killed_attempts"] = sorted(killed)
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resilience")
+    jobs = {"reference": _reference, "killed": _killed, "preempted": _preempted, "straggler": _straggler,
+            "hung_step": _hung_step, "hung_ckpt": _hung_checkpoint, "rerun_17": lambda r: _rerun(r, "transient_error"),
+            "rerun_16": lambda r: _rerun(r, "persistent_error"), "exhausted": _exhausted}
+    pool = ThreadPoolExecutor(max_workers=5)
+    futures = {name: pool.submit(fn, root) for name, fn in jobs.items()}
+    yield {name: future for name, future in futures.items()}
+    pool.shutdown(wait=True)
+
+
+def _get(runs, name):
+    return runs[name].result(timeout=2 * WAIT)
+
+
+def _section_timeouts(line: str) -> str:
+    return line.split("section timeouts:", 1)[1].strip()
+
+
+def test_1_rank_killed_restarts_resumes_and_matches_uninterrupted_losses(runs):
+    ref, run = _get(runs, "reference"), _get(runs, "killed")
+    assert ref.returncode == 0 and run.returncode == 0, run.log()[-3000:]
+    log = run.log()
+    assert "SIMULATED FAULT at" in log and "rank_killed on rank 1" in log and "at the start of step 25" in log
+    assert "[default] Worker group FAILED. 1/1 attempts left; will restart worker group" in log or \
+        "[default] Worker group UNHEALTHY. 1/1 attempts left; will restart worker group" in log
+    assert "setup: resumed at step 20" in log
+    assert "simulated fault not armed: this is a restart (in-job restarts=1, requeues=0)" in log
+    losses, ref_losses = run.losses(), ref.losses()
+    assert sorted(losses) == list(range(1, 31))
+    assert losses == ref_losses  # bitwise: no work lost, nothing computed differently
+    assert run.stop_reason() == {"reason": "finished", "step": 30, "exit_code": 0, "finished": True}
+    assert run.flag.exists()
+
+
+def test_4_learned_timeouts_persisted_in_ft_state_json_and_used_after_restart(runs):
+    ref, run = _get(runs, "reference"), _get(runs, "killed")
+    # Written: the uninterrupted run learned step and checkpointing timeouts (and out-of-section needs a resumed run).
+    state = json.loads((ref.ckpt / "ft_state.json").read_text())["current_timeouts"]["section"]
+    assert state["calculated_sections"] == ["checkpointing", "step"]
+    assert 0 < state["section"]["step"] < 60.0 and state["section"]["setup"] == 180.0
+    # Used after a restart: what was saved before the kill is what the restarted ranks connect with.
+    log = run.log().splitlines()
+    fault = next(i for i, line in enumerate(log) if "SIMULATED FAULT at" in line)
+    saved = [line for line in log[:fault] if "FT: learned timeouts saved to" in line]
+    assert saved and str(run.ckpt / "ft_state.json") in saved[-1]
+    assert "(learned: checkpointing, step)" in saved[-1]
+    after = log[fault:]
+    loaded = next(i for i, line in enumerate(after) if "FT: loaded learned timeouts from" in line)
+    connected = next(line for line in after[loaded:] if "FT: connected to the rank monitor" in line)
+    assert _section_timeouts(connected) == _section_timeouts(saved[-1])
+    step_timeout = float(re.search(r" step=([\d.]+)s", connected).group(1))
+    assert step_timeout < 60.0  # the launcher's configured step timeout is 60 s: the learned one replaced it
+    # After the restart resumed from a checkpoint, setup and out-of-section are learned too.
+    final = json.loads((run.ckpt / "ft_state.json").read_text())["current_timeouts"]["section"]
+    assert final["calculated_sections"] == ["checkpointing", "setup", "step"]
+    assert final["is_out_of_section_calculated"] is True
+
+
+def test_2_rank_hung_in_step_detected_within_timeout_plus_interval_then_finishes(runs):
+    run = _get(runs, "hung_step")
+    assert run.returncode == 0, run.log()[-3000:]
+    log = run.log().splitlines()
+    banner = next(line for line in log if "SIMULATED FAULT at" in line)
+    assert "rank_hung on rank 1" in banner and "at the start of step 7" in banner
+    detected = [line for line in log if "Section 'step' has been open for" in line]
+    assert detected and all("Timeout is 5.00 seconds." in line for line in detected)
+    open_for = float(re.search(r"open for ([\d.]+) seconds", detected[0]).group(1))
+    assert 5.0 < open_for <= 5.0 + 1.0 + 1.0  # step timeout + check interval (+ 1 s slack: a loaded 2-core box)
+    assert log_time(detected[0]) - log_time(banner) <= 5.0 + 1.0 + 1.0
+    assert any("will restart worker group" in line for line in log)
+    assert run.stop_reason()["reason"] == "finished" and sorted(run.losses()) == list(range(1, 13))
+
+
+def test_3_hang_inside_checkpointing_detected_by_the_checkpointing_timeout(runs):
+    run = _get(runs, "hung_ckpt")
+    assert run.returncode == 0, run.log()[-3000:]
+    log = run.log()
+    assert "rank_hung on rank 0" in log and "inside the checkpoint save after step 4" in log
+    detected = re.findall(r"Section 'checkpointing' has been open for ([\d.]+) seconds\. Timeout is 15\.00 seconds\.",
+                          log)
+    assert detected and 15.0 < float(detected[0]) <= 15.0 + 1.0 + 1.0
+    assert "Section 'step' has been open" not in log
+    assert "setup: starting at step 0" in log  # the hung save never committed: the restart starts over
+    assert run.stop_reason()["reason"] == "finished" and run.checkpoint_steps()[-1] == 8
+
+
+def test_5_sigterm_checkpoints_current_step_exits_0_and_resumes_without_loss_or_repeat(runs):
+    ref = _get(runs, "reference")
+    first, second = _get(runs, "preempted")
+    after = first.extra["after_first"]
+    assert first.returncode == 0, first.log()[-3000:]
+    stopped = after["stop_reason"]
+    assert stopped["reason"] == "signal" and stopped["exit_code"] == 0 and stopped["finished"] is False
+    s = stopped["step"]
+    assert 12 <= s < 20
+    assert after["checkpoints"][-1] == s and after["records"] == s  # checkpoint at the step it stopped after
+    assert not after["flag"]  # not finished: the job must be requeued
+    assert f"stopping after step {s}: SIGTERM received" in first.log()
+    assert second.returncode == 0 and f"setup: resumed at step {s}" in second.log()
+    steps = [r["step"] for r in second.train_records(last_per_step=False)]
+    assert steps == list(range(1, 31))  # every step exactly once: none lost, none repeated
+    assert second.losses() == ref.losses()
+    assert second.flag.exists() and second.stop_reason()["reason"] == "finished"
+
+
+def test_6_rerun_transient_error_exits_17_without_restart_and_persistent_exits_16_and_restarts(runs):
+    r17, r16 = _get(runs, "rerun_17"), _get(runs, "rerun_16")
+    log17 = r17.log()
+    assert "Injecting error type Transient error" in log17
+    assert "failed (exitcode: 17)" in log17
+    assert "WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload, description=rerun:17: do not restart)" \
+        in log17
+    assert log17.count("FT: connected to the rank monitor") == 1  # no in-job restart
+    assert r17.returncode != 0
+    stop = r17.stop_reason()
+    assert stop["reason"] == "rerun:17" and stop["exit_code"] == 17
+    assert r17.checkpoint_steps()[-1] == stop["step"] == max(r17.losses())  # saved for examination
+    assert r17.flag.exists()  # 17: stop, no job-level retry
+
+    log16 = r16.log()
+    assert "Injecting error type Persistent error" in log16
+    first16 = log16.index("failed (exitcode: 16)")
+    assert "attempts left; will restart worker group" in log16[first16:]
+    saved = int(re.search(r"checkpoint: saved step (\d+) \(rerun state machine, exit code 16\)", log16).group(1))
+    assert f"setup: resumed at step {saved}" in log16  # the restart resumes from the checkpoint 16 asked for
+    assert r16.returncode != 0 and not r16.flag.exists()  # 16: requeue (flag untouched)
+    assert r16.stop_reason()["exit_code"] == 16
+
+
+def test_7_slowed_rank_named_in_straggler_report_and_stop_if_detected_checkpoints_and_exits(runs):
+    run = _get(runs, "straggler")
+    assert run.returncode == 0, run.log()[-3000:]
+    log = run.log()
+    worst = re.search(r"GPU relative perf: worst: rank (\d) \(([^)]+)\)=([\d.]+)", log)
+    assert worst and worst.group(1) == "1" and float(worst.group(3)) < 0.7
+    host = worst.group(2)
+    stop = run.stop_reason()
+    assert f"STRAGGLER DETECTED at step {stop['step']}: rank 1 ({host})" in log
+    assert stop["reason"] == "straggler" and stop["exit_code"] == 0 and stop["step"] < 80
+    assert run.checkpoint_steps()[-1] == stop["step"] and not run.flag.exists()
+
+
+def test_8_in_job_restarts_exhausted_launcher_exits_nonzero_and_says_why(runs):
+    run = _get(runs, "exhausted")
+    assert run.extra["killed_attempts"] == [0, 1]
+    assert run.returncode != 0
+    log = run.log()
+    assert re.search(r"\[default\] Worker group (FAILED|UNHEALTHY)\. 1/1 attempts left; will restart worker group",
+                     log)
+    assert re.search(r"Some rank\(s\) exited with non-zero exit code: .*exitcode=-9", log)
+    assert "Signal 9 (SIGKILL) received by PID" in log
+    assert not (run.run_dir / "stop_reason.json").exists()
+
+
+def test_wall_times(runs, capsys):
+    """Not an assertion on speed (that is the benchmark's job): prints each launch's wall time for the report."""
+    with capsys.disabled():
+        for name in runs:
+            result = _get(runs, name)
+            for run in result if isinstance(result, tuple) else (result,):
+                print(f"\n  {name:10s} rc={run.returncode} wall={run.wall:.1f}s", end="")
+        print()
