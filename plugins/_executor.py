@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.upstream import import_nemo_run
+from megatron_resilience.upstream import LAUNCHER_FORWARDED_SIGNALS, import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")
 
 SUPPORTED_EXECUTORS = ("run.SlurmExecutor", "run.LocalExecutor")
 _CLAIMS = "_megatron_resilience_plugins"
+_PREEMPTION_SIGNAL = "_megatron_resilience_preemption_signal"
 _BLOCK_BEGIN = "# >>> megatron_resilience {name} >>>"
 _BLOCK_END = "# <<< megatron_resilience {name} <<<"
 
@@ -116,3 +117,37 @@ def slurm_job_file(executor: Any, filename: str) -> tuple[str, str]:
 
     host_dir = os.path.join(executor.tunnel.job_dir, Path(executor.job_dir).name)
     return os.path.join(host_dir, filename), os.path.join("/", RUNDIR_NAME, filename)
+
+
+# Env vars the plugins set, exported after the user's own in this order whatever order the plugins ran in.
+PLUGIN_ENV_ORDER = ("PET_FT_CFG_PATH", "PET_FAULT_TOL_CFG_PATH", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+
+
+def set_env(executor: Any, key: str, value: str) -> None:
+    env = {**executor.env_vars, key: value}
+    ours = [k for k in PLUGIN_ENV_ORDER if k in env]
+    executor.env_vars = {**{k: v for k, v in env.items() if k not in ours}, **{k: env[k] for k in ours}}
+
+
+def launcher_name(launcher: Any) -> str | None:
+    """"ft_launcher" / "torchrun" for the launchers that start the trainer as their child, else None."""
+    run = import_nemo_run()
+    if launcher == "ft" or isinstance(launcher, run.FaultTolerance):
+        return "ft_launcher"
+    if launcher == "torchrun" or isinstance(launcher, run.Torchrun):
+        return "torchrun"
+    return None
+
+
+def remember_preemption_signal(executor: Any, signal: str) -> None:
+    executor.__dict__[_PREEMPTION_SIGNAL] = signal
+
+
+def check_signal_reaches_trainer(executor: Any, plugin: str) -> None:
+    """The preemption signal must be one the launcher forwards; called by both plugins (any order)."""
+    signal, name = executor.__dict__.get(_PREEMPTION_SIGNAL), launcher_name(executor.launcher)
+    if signal and name and signal not in LAUNCHER_FORWARDED_SIGNALS:
+        raise ConfigError(
+            f"{plugin}: PreemptionPlugin.signal={signal} would not reach the trainer: {name} forwards only "
+            f"{', '.join(LAUNCHER_FORWARDED_SIGNALS)} to the training ranks (any other signal ends {name} "
+            f"itself); use one of those")

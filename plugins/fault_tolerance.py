@@ -30,7 +30,7 @@ from megatron_resilience.upstream import (
 )
 from megatron_resilience.plugins import ft_config
 from megatron_resilience.plugins._executor import (
-    claim, disable_nsys, executor_kind, set_setup_block, slurm_job_file,
+    check_signal_reaches_trainer, claim, disable_nsys, executor_kind, set_env, set_setup_block, slurm_job_file,
 )
 from megatron_resilience.plugins._task import task_editor
 
@@ -103,6 +103,7 @@ class FaultTolerancePlugin(run.Plugin):
         mode = editor.get("ft.mode")
 
         executor.launcher = self._launcher(executor.launcher, mode, version)
+        check_signal_reaches_trainer(executor, NAME)
         executor._launcher_setup = False  # nemo_run derives the FT file paths when it sets the launcher up
         rendered = [nemo_run_ft_param_flag(f) for f in NEMO_RUN_FT_PARAM_FIELDS if getattr(executor.launcher, f)]
         bad = unaccepted_ft_launcher_flags(rendered, version)
@@ -203,4 +204,4 @@ class FaultTolerancePlugin(run.Plugin):
         if current is not None and current != path:
             raise ConfigError(f"conflicting settings: executor.env_vars[{env!r}]={current!r}, but {NAME} points "
                               f"ft_launcher at its own FT config {path!r}; remove the env var")
-        executor.env_vars = {**executor.env_vars, env: path}
+        set_env(executor, env, path)

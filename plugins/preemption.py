@@ -15,7 +15,9 @@ What ``setup`` does:
   file it touches when training finished, the same contract as nemo_run's FT template);
 * LocalExecutor: the exit handler is enabled, and a log line says no scheduler signal is configured;
 * nsys requested on the launcher or the task is turned off with a warning (nsys would be the process
-  that receives the signal).
+  that receives the signal);
+* with a launcher, the signal must be one it forwards to the ranks (``upstream.LAUNCHER_FORWARDED_SIGNALS``),
+  and torchrun is told to wait ``preempt_time`` seconds (not 30) before it SIGKILLs them.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, fail
-from megatron_resilience.upstream import import_nemo_run
+from megatron_resilience.upstream import TORCHRUN_SHUTDOWN_TIMEOUT_ENV, import_nemo_run
 from megatron_resilience.plugins._executor import (
-    claim, disable_nsys, executor_kind, set_setup_block, slurm_job_file, slurm_time_seconds,
+    check_signal_reaches_trainer, claim, disable_nsys, executor_kind, remember_preemption_signal, set_env,
+    set_setup_block, slurm_job_file, slurm_time_seconds,
 )
 from megatron_resilience.plugins._task import task_editor
 
@@ -86,6 +89,8 @@ class PreemptionPlugin(run.Plugin):
     def setup(self, task: Any, executor: Any) -> None:
         kind = executor_kind(executor, NAME)
         claim(executor, NAME)
+        remember_preemption_signal(executor, self.signal)
+        check_signal_reaches_trainer(executor, NAME)
         editor = task_editor(task, NAME)
         editor.set("train.exit_signal_handler", self.enable_exit_handler, "enable_exit_handler")
         editor.set("train.exit_signal", self.signal, "signal")
@@ -113,6 +118,12 @@ class PreemptionPlugin(run.Plugin):
         if executor.signal != value:
             log.info("%s: executor.signal: %r -> %r (#SBATCH --signal=%s)", NAME, executor.signal, value, value)
             executor.signal = value
+        if TORCHRUN_SHUTDOWN_TIMEOUT_ENV not in executor.env_vars:
+            # torchrun SIGKILLs the ranks 30 s after forwarding the signal; give them the whole preempt_time
+            # (ft_launcher already waits --term-timeout=1800 s; without a launcher the variable is unused).
+            log.info("%s: executor.env_vars[%r] = %r (seconds torchrun waits for the ranks to save and exit)",
+                     NAME, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
+            set_env(executor, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
         if not _uses_ft_launcher(executor.launcher):
             flag_host, flag_step = slurm_job_file(executor, f"{executor.job_name}_finished_flag")
             set_setup_block(executor, REQUEUE_BLOCK, requeue_block(flag_host, flag_step))

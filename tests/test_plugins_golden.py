@@ -69,7 +69,8 @@ CASES = {
     "ft_preemption_script": lambda: (script_task(), slurm(), [FaultTolerancePlugin(), PreemptionPlugin()]),
     "preemption_script": lambda: (script_task(), slurm(launcher="torchrun"), [PreemptionPlugin()]),
     "ft_heartbeats_preemption_inline": lambda: (
-        inline_task(), slurm(), [FaultTolerancePlugin(nvrx_version="0.7"), PreemptionPlugin(signal="SIGUSR1")]),
+        inline_task(), slurm(), [FaultTolerancePlugin(nvrx_version="0.7"), PreemptionPlugin(signal="SIGINT")]),
+    "preemption_inline": lambda: (inline_task(), slurm(), [PreemptionPlugin(signal="SIGUSR1", preempt_time=300)]),
 }
 
 

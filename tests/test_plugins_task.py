@@ -63,6 +63,8 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
         "PreemptionPlugin: task train.exit_signal_handler_for_dataloader: False (default) -> True "
         "(enable_exit_handler_for_data_loader)",
         "PreemptionPlugin: executor.signal: None -> 'SIGTERM@60' (#SBATCH --signal=SIGTERM@60)",
+        "PreemptionPlugin: executor.env_vars['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'] = '60' (seconds torchrun waits for "
+        "the ranks to save and exit)",
     ]
     launcher = executor.launcher
     assert (launcher.max_restarts, launcher.workload_check_interval, launcher.rank_termination_signal,
@@ -78,15 +80,15 @@ def test_partial_user_values_are_overridden_with_a_log_line(tmp_path, caplog):
                        train=run.Config(TrainingConfig, max_steps=7, exit_signal="SIGUSR1"))
     executor = slurm(tmp_path)
     FaultTolerancePlugin(calc_ft_timeouts=False, rank_heartbeat_timeout=120).setup(task, executor)
-    PreemptionPlugin(signal="SIGUSR2", preempt_time=120).setup(task, executor)
+    PreemptionPlugin(signal="SIGHUP", preempt_time=120).setup(task, executor)
     assert fdl.build(task.ft) == FaultToleranceConfig(enabled=True, mode="heartbeats", calc_ft_timeouts=False)
-    assert fdl.build(task.train) == TrainingConfig(max_steps=7, exit_signal="SIGUSR2", exit_signal_handler=True)
+    assert fdl.build(task.train) == TrainingConfig(max_steps=7, exit_signal="SIGHUP", exit_signal_handler=True)
     logged = messages(caplog)
     assert "FaultTolerancePlugin: task ft.enabled: False -> True (enable_ft_package)" in logged
     assert not any("calc_ft_timeouts" in m for m in logged)  # already False (default): nothing changed
-    assert "PreemptionPlugin: task train.exit_signal: 'SIGUSR1' -> 'SIGUSR2' (signal)" in logged
+    assert "PreemptionPlugin: task train.exit_signal: 'SIGUSR1' -> 'SIGHUP' (signal)" in logged
     assert (executor.launcher.initial_rank_heartbeat_timeout, executor.launcher.rank_heartbeat_timeout) == (1800.0, 120.0)
-    assert executor.signal == "SIGUSR2@120"
+    assert executor.signal == "SIGHUP@120"
 
 
 def test_script_module_form_gets_overrides_the_trainer_parses(tmp_path, caplog):

@@ -163,6 +163,23 @@ def test_conflicts(plugins, executor_kw, message):
     assert str(err.value).startswith(message)
 
 
+@pytest.mark.parametrize("plugins, launcher, name", [
+    (lambda: [FaultTolerancePlugin(), PreemptionPlugin(signal="SIGUSR1")], None, "FaultTolerancePlugin"),
+    (lambda: [PreemptionPlugin(signal="SIGUSR1"), FaultTolerancePlugin()], None, "FaultTolerancePlugin"),
+    (lambda: [PreemptionPlugin(signal="SIGUSR2")], "torchrun", "PreemptionPlugin"),
+])
+def test_signal_a_launcher_would_not_forward(plugins, launcher, name):
+    with pytest.raises(ConfigError) as err:
+        preview(task(), slurm(launcher=launcher), plugins())
+    sig = "SIGUSR2" if launcher else "SIGUSR1"
+    which = "torchrun" if launcher else "ft_launcher"
+    if name == "FaultTolerancePlugin" and plugins()[0].__class__ is FaultTolerancePlugin:
+        name = "PreemptionPlugin"  # FT ran first: the PreemptionPlugin finds ft_launcher already there
+    assert str(err.value) == (
+        f"{name}: PreemptionPlugin.signal={sig} would not reach the trainer: {which} forwards only SIGTERM, "
+        f"SIGINT, SIGHUP, SIGQUIT to the training ranks (any other signal ends {which} itself); use one of those")
+
+
 def test_compatible_user_launchers_are_accepted():
     ft = preview(task(), slurm(launcher=run.FaultTolerance(max_restarts=3, log_level="INFO")), [FaultTolerancePlugin()])
     torchrun = preview(task(), slurm(launcher=run.Torchrun(rdzv_port=29600)), [FaultTolerancePlugin()])

@@ -13,7 +13,7 @@
 #SBATCH --open-mode=append
 #SBATCH --output=/cluster/experiments/gpt/gpt_preview/gpt/sbatch_acct-acct.gpt_%j.out
 #SBATCH --partition=batch
-#SBATCH --signal=SIGUSR1@60
+#SBATCH --signal=SIGINT@60
 #SBATCH --time=04:00:00
 
 set -evx
@@ -32,6 +32,7 @@ head_node=${nodes_array[0]}
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
 export PET_FT_CFG_PATH=/cluster/experiments/gpt/gpt_preview/gpt/gpt_ft_cfg.yml
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export LOGLEVEL=INFO
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher config >>>
 # ft_launcher reads its full config (incl. section timeouts) from this file via the env var below
@@ -104,4 +105,4 @@ fi
 #!/usr/bin/bash
 export OMP_NUM_THREADS=1
 exec python -m megatron_resilience run_dir=/lustre/runs/gpt train.max_steps=1000 ft.mode=heartbeats \
-    checkpoint.save=/lustre/runs/gpt/ckpt checkpoint.save_interval=100 ft.enabled=true ft.calc_ft_timeouts=true train.exit_signal_handler=true train.exit_signal=SIGUSR1 train.exit_signal_handler_for_dataloader=false
+    checkpoint.save=/lustre/runs/gpt/ckpt checkpoint.save_interval=100 ft.enabled=true ft.calc_ft_timeouts=true train.exit_signal_handler=true train.exit_signal=SIGINT train.exit_signal_handler_for_dataloader=false

@@ -31,6 +31,7 @@ nodes_array=($nodes)
 head_node=${nodes_array[0]}
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export LOGLEVEL=INFO
 # >>> megatron_resilience PreemptionPlugin requeue >>>
 # the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; a graceful stop on the
