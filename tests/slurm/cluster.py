@@ -1,0 +1,127 @@
+"""The repo's single-node Slurm cluster, for tests and the example notebook.
+
+``start_cluster()`` runs ``scripts/slurm/start.sh`` (installs Debian's Slurm, munge, slurmdbd and a
+private MariaDB when missing; reuses a running healthy cluster in well under a second) and returns
+a ``SlurmCluster`` with what a NeMo-Run ``SlurmExecutor`` needs to submit to it through a
+``LocalTunnel``. The ``slurm_cluster`` fixture does the same once per session; other test modules
+get it with ``from slurm.cluster import slurm_cluster  # noqa: F401`` (``tests/`` is on sys.path).
+
+Helpers here read Slurm's own records (``scontrol``, ``sacct``): tests count attempts and states
+from the scheduler, not from our logs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "scripts", "slurm")
+ACCOUNT = "megatron_resilience_tests"  # no AccountingStorageEnforce: any account name is accepted
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+            "OUT_OF_MEMORY"}
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """Connection details of the local cluster: submit with a LocalTunnel and these settings."""
+
+    cluster: str
+    partition: str
+    state_dir: str
+    slurm_conf: str
+    account: str = ACCOUNT
+    # Environment for submitting: the venv's bin first on PATH, so the job's srun/torchrun/ft_launcher/python
+    # are this checkout's (sbatch exports the submitter's environment to the job).
+    env: dict[str, str] = field(default_factory=dict)
+
+    def executor(self, *, time: str = "00:05:00", ntasks_per_node: int = 1, launcher: Any = None,
+                 job_dir: str = "", **kwargs: Any) -> Any:
+        """A ``run.SlurmExecutor`` for this cluster. ``job_dir`` must be ``$NEMORUN_HOME/experiments`` or empty
+        (nemo_run's LocalTunnel appends the experiment path to it in one place and not in another)."""
+        from megatron_resilience.upstream import import_nemo_run
+
+        run = import_nemo_run()
+        return run.SlurmExecutor(
+            account=self.account, partition=self.partition, nodes=1, ntasks_per_node=ntasks_per_node, time=time,
+            launcher=launcher, tunnel=run.LocalTunnel(job_dir=job_dir), packager=run.Packager(), **kwargs)
+
+
+def venv_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    bin_dir = os.path.dirname(sys.executable)
+    if env.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def start_cluster() -> SlurmCluster:
+    """Install (if needed) and start (if not running) the cluster; raise with the scripts' output on failure."""
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "start.sh")], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/slurm/start.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    info = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    return SlurmCluster(cluster=info["cluster"], partition=info["partition"], state_dir=info["state_dir"],
+                        slurm_conf=info["slurm_conf"], env=venv_env())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    """The running local cluster (started once per session; left running for the next session: stop it with
+    ``scripts/slurm/stop.sh``). The process PATH gets the venv's bin first, so jobs submitted from this
+    process run this checkout's python, torchrun and ft_launcher."""
+    cluster = start_cluster()
+    os.environ["PATH"] = cluster.env["PATH"]
+    return cluster
+
+
+# --- Slurm's records ------------------------------------------------------------------------------------------
+
+
+def _run(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, ...); {} once Slurm forgot the job."""
+    proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        return {}
+    return dict(item.split("=", 1) for item in proc.stdout.split() if "=" in item)
+
+
+def attempts(job_id: str) -> list[dict[str, str]]:
+    """Every run of the job from Slurm's accounting, oldest first (a requeue adds a record)."""
+    fields = ["JobID", "State", "ExitCode", "Start", "End", "Elapsed"]
+    out = _run("sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", ",".join(fields))
+    return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+
+def wait_for_job(job_id: str, timeout: float, poll: float = 1.0) -> dict[str, str]:
+    """Wait until the job is in a terminal state (through any requeues); return its ``scontrol`` record."""
+    deadline = time.monotonic() + timeout
+    seen_terminal = 0
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        state = info.get("JobState", "")
+        seen_terminal = seen_terminal + 1 if state in TERMINAL else 0
+        if seen_terminal >= 2:  # stable: not a requeue in progress
+            return info
+        time.sleep(poll)
+    raise TimeoutError(f"Slurm job {job_id} not finished after {timeout:.0f} s: {job_info(job_id)}")
+
+
+def wait_for_state(job_id: str, states: set[str], timeout: float, poll: float = 0.5) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        if info.get("JobState") in states:
+            return info
+        time.sleep(poll)
+    raise TimeoutError(f"Slurm job {job_id} not in {states} after {timeout:.0f} s: {job_info(job_id)}")

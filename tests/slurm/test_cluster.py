@@ -1,0 +1,50 @@
+"""The cluster itself, through NeMo-Run's SlurmExecutor + LocalTunnel, as users submit to it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+
+from slurm.cluster import SCRIPTS, attempts, job_info, wait_for_job
+
+
+def slurm_job_id(exp) -> str:
+    """Slurm's job id from a submitted experiment's first job (its handle ends with it)."""
+    handle = exp.jobs[0].handle
+    assert handle, "job was not submitted"
+    return handle.rstrip("/").rsplit("/", 1)[-1]
+
+
+def test_start_is_idempotent_and_reuses_the_running_cluster(slurm_cluster):
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "start.sh")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "already running" in proc.stderr
+    assert f"cluster={slurm_cluster.cluster}" in proc.stdout.splitlines()
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    assert "proctrack/cgroup" in out and "accounting_storage/slurmdbd" in out
+    node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %T"], capture_output=True, text=True, check=True).stdout
+    assert node.split()[:2] == ["localhost", "16"]
+
+
+def test_nemo_run_slurm_executor_runs_a_job_to_completed(slurm_cluster, nemorun_home):
+    from megatron_resilience.upstream import import_nemo_run
+
+    run = import_nemo_run()
+    executor = slurm_cluster.executor(time="00:02:00")
+    task = run.Script(inline='echo "hello from $SLURM_JOB_ID on $(hostname -s) restart=${SLURM_RESTART_COUNT:-0}"\n'
+                             'grep -o "freezer:.*" /proc/self/cgroup')
+    with run.Experiment("smoke", executor=executor) as exp:
+        exp.add(task, name="hello")
+        exp.run(detach=True)
+    job_id = slurm_job_id(exp)
+
+    info = wait_for_job(job_id, timeout=120)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0")
+    assert [(a["State"], a["ExitCode"]) for a in attempts(job_id)] == [("COMPLETED", "0:0")]
+    (log,) = glob.glob(os.path.join(nemorun_home, "experiments", "smoke", "smoke_*", "hello", f"log-*_{job_id}_0.out"))
+    text = open(log).read()
+    assert f"hello from {job_id} on " in text and "restart=0" in text
+    # proctrack/cgroup: the step runs in its job's freezer cgroup (step 0 is nemo_run's `srun hostname`).
+    assert f"freezer:/slurm_localhost/uid_0/job_{job_id}/step_1" in text
+    assert job_info(job_id)["Partition"] == slurm_cluster.partition
