@@ -145,11 +145,12 @@ def unaccepted_ft_launcher_flags(args: list[str], version: tuple[int, ...]) -> l
 
 # Signals a launcher catches and forwards to its workers (then SIGKILL after a grace period). Any other
 # signal Slurm sends to the launcher kills the launcher itself, and the trainer never sees it.
-# ft_launcher (<= 0.4 at least) installs handlers for exactly these; torchrun's default is the same
-# (torch >= 2.8 can add more with --signals-to-handle, which clusters' torch may not have).
+# ft_launcher 0.4.1 installs handlers for exactly these; torchrun's default is the same (recent torch,
+# e.g. 2.13 here, can add more with --signals-to-handle; older torch on clusters cannot).
 LAUNCHER_FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 # Grace period before torchrun SIGKILLs workers it forwarded a signal to: 30 s unless this env var is
-# set (torch >= 2.8; older torch ignores it). ft_launcher waits --term-timeout (default 1800 s).
+# set (read by recent torch, e.g. 2.13 here; older torch ignores it). ft_launcher 0.4.1 waits
+# --term-timeout (default 1800 s).
 TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 
