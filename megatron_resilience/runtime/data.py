@@ -1,0 +1,163 @@
+"""GPT training data and a batch order that resumes exactly from ``consumed_samples``.
+
+Datasets come from Megatron-Core's ``BlendedMegatronDatasetBuilder``:
+``MockGPTDataset`` when ``data.data_path`` is empty, ``GPTDataset`` over
+indexed ``.bin/.idx`` files otherwise. Megatron-Core has no sampler, so
+:class:`GlobalBatchSampler` fixes the order: global sample ``i`` is always the
+same dataset index, a step consumes ``global_batch_size`` consecutive samples,
+and each data-parallel rank takes its ``micro_batch_size`` slice of every
+``micro_batch_size * dp`` chunk (Megatron-LM's layout). Resuming therefore needs
+only ``TrainState.consumed_samples``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from megatron_resilience.config import ConfigError, PretrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class VocabFileTokenizer:
+    """The two facts the GPT dataset needs from a GPT-2 tokenizer: vocabulary size and end-of-document id.
+
+    Indexed datasets are already tokenized, so reading ``vocab.json`` suffices
+    (no HuggingFace dependency on compute nodes).
+    """
+
+    def __init__(self, vocab_file: str, merge_file: str) -> None:
+        with open(vocab_file, encoding="utf-8") as f:
+            vocab = json.load(f)
+        if "<|endoftext|>" not in vocab:
+            raise ConfigError(f"data.vocab_file: no '<|endoftext|>' token in {vocab_file!r}")
+        self.vocab_size = len(vocab)
+        self.eod = vocab["<|endoftext|>"]
+        self.pad = self.eod
+        self.unique_identifiers = OrderedDict(
+            {"class": "megatron_resilience.gpt2", "vocab_file": vocab_file, "merge_file": merge_file})
+
+
+def build_tokenizer(config: PretrainConfig):
+    d, m = config.data, config.model
+    if d.tokenizer == "gpt2":
+        tok = VocabFileTokenizer(d.vocab_file, d.merge_file)
+        if tok.vocab_size > m.vocab_size:
+            raise ConfigError(f"model.vocab_size: must be >= the tokenizer's {tok.vocab_size} tokens, "
+                              f"got {m.vocab_size}")
+        return tok
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    return NullTokenizer(m.vocab_size - 1)  # ids 0..vocab-2, end-of-document = vocab-1
+
+
+@dataclass(kw_only=True)
+class Datasets:
+    train: Any
+    valid: Any | None
+
+
+def build_datasets(config: PretrainConfig, *, global_batch_size: int, is_cpu: bool) -> Datasets:
+    """Train (and validation when evaluating) datasets sized for the whole run. Call on every rank."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from megatron.core.datasets.utils import get_blend_from_list
+
+    t, d = config.train, config.data
+    train_samples = t.max_steps * global_batch_size
+    valid_samples = t.eval_iters * global_batch_size if t.eval_interval else 0
+    ds_config = GPTDatasetConfig(
+        random_seed=t.seed,
+        sequence_length=config.model.seq_length,
+        blend=None if d.is_mock else get_blend_from_list(d.data_path),
+        split=d.split,
+        path_to_cache=d.cache_dir,
+        tokenizer=build_tokenizer(config),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=True,
+    )
+    cls = MockGPTDataset if d.is_mock else GPTDataset
+    # Built on every rank (tiny index files; no cross-rank caching protocol needed).
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        cls, [train_samples, valid_samples or None, None], lambda: True, ds_config).build()
+    if train is None or len(train) == 0:
+        raise ConfigError(f"data.split: gives no training samples for data.data_path={d.data_path}")
+    if valid_samples and (valid is None or len(valid) == 0):
+        raise ConfigError(f"data.split: gives no validation samples but train.eval_interval={t.eval_interval}")
+    return Datasets(train=train, valid=valid if valid_samples else None)
+
+
+class GlobalBatchSampler:
+    """Deterministic micro-batches of dataset indices for one data-parallel rank.
+
+    Starts at ``consumed_samples``; wraps around the dataset if it is shorter than the run.
+    """
+
+    def __init__(self, *, dataset_len: int, consumed_samples: int, micro_batch_size: int,
+                 dp_rank: int, dp_size: int) -> None:
+        self.dataset_len = dataset_len
+        self.position = consumed_samples  # global samples consumed so far
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self
+
+    def __next__(self) -> list[int]:
+        start = self.position + self.dp_rank * self.micro_batch_size
+        self.position += self.micro_batch_size * self.dp_size
+        return [(start + j) % self.dataset_len for j in range(self.micro_batch_size)]
+
+
+class MicroBatchIterator:
+    """Yields collated micro-batches (dict of tensors) on ``device`` in sampler order."""
+
+    def __init__(self, dataset: Any, sampler: GlobalBatchSampler, device: torch.device) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self.device = device
+
+    def __iter__(self) -> "MicroBatchIterator":
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        indices = next(self.sampler)
+        batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+        if self.device.type != "cpu":
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return batch
+
+
+def train_iterator(datasets: Datasets, config: PretrainConfig, *, consumed_samples: int,
+                   device: torch.device):
+    """The training iterator from ``consumed_samples``, wrapped for the rerun state machine's replay."""
+    from megatron.core import parallel_state
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    sampler = GlobalBatchSampler(
+        dataset_len=len(datasets.train), consumed_samples=consumed_samples,
+        micro_batch_size=config.train.micro_batch_size,
+        dp_rank=parallel_state.get_data_parallel_rank(), dp_size=parallel_state.get_data_parallel_world_size())
+    return RerunDataIterator(MicroBatchIterator(datasets.train, sampler, device))
+
+
+def valid_iterator(datasets: Datasets, config: PretrainConfig, *, device: torch.device):
+    """A fresh validation iterator from sample 0: every evaluation sees the same batches (comparable losses)."""
+    from megatron.core import parallel_state
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    if datasets.valid is None:
+        return None
+    sampler = GlobalBatchSampler(
+        dataset_len=len(datasets.valid), consumed_samples=0, micro_batch_size=config.train.micro_batch_size,
+        dp_rank=parallel_state.get_data_parallel_rank(), dp_size=parallel_state.get_data_parallel_world_size())
+    return RerunDataIterator(MicroBatchIterator(datasets.valid, sampler, device))

@@ -1,0 +1,118 @@
+"""torch.distributed and Megatron-Core parallel state from the launcher's environment.
+
+torchrun and ft_launcher export the same variables (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a plain ``python -m megatron_resilience``
+has none of them and runs as a world of one. The backend follows the device:
+gloo on CPU (with :mod:`cpu_compat` installed), nccl on GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from megatron_resilience.config import PretrainConfig
+from megatron_resilience.config._validate import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+
+def resolve_device(requested: str) -> torch.device:
+    """``train.device``: "auto" picks cuda when a GPU is visible, else cpu; "cuda" without a GPU fails clearly."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: 'cuda' requested but torch.cuda.is_available() is False")
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(requested)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(config: PretrainConfig) -> DistInfo:
+    """Initialise the process group and Megatron-Core's TP/PP/DP groups; fail clearly on a bad world size."""
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dp = config.validate_world_size(world_size)  # raises ConfigError naming the keys that do not fit
+    device = resolve_device(config.train.device)
+    if device.type == "cpu":
+        from megatron_resilience.runtime import cpu_compat
+
+        cpu_compat.install()
+    else:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    if not torch.distributed.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # single process without a launcher
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(_free_port())
+        torch.distributed.init_process_group(
+            backend="gloo" if device.type == "cpu" else "nccl",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=10),
+        )
+    from megatron.core import parallel_state
+
+    tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            create_gloo_process_groups=device.type == "cpu" or config.parallel.use_distributed_optimizer,
+        )
+    info = DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, tp=tp, pp=pp, dp=dp)
+    if rank == 0:
+        log.info("distributed: world_size=%d tp=%d pp=%d dp=%d device=%s backend=%s",
+                 world_size, tp, pp, dp, device, torch.distributed.get_backend())
+    return info
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank before the model is built; then Megatron's TP RNG tracker.
+
+    Identical seeds make every data-parallel replica start from the same weights;
+    ``model_parallel_cuda_manual_seed`` gives tensor-parallel ranks their own
+    dropout stream (seed + 2718 + tp_rank) and keeps the default one shared.
+    """
+    from megatron.core import tensor_parallel
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_distributed() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

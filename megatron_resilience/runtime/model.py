@@ -1,0 +1,109 @@
+"""The Megatron-Core GPT model, wrapped in Megatron DDP, for this rank's pipeline stage."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from megatron_resilience.config import PretrainConfig
+from megatron_resilience.runtime.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def transformer_config(config: PretrainConfig, dist: DistInfo):
+    """``TransformerConfig`` from our plain ``ModelConfig`` + ``ParallelConfig``.
+
+    On CPU the weights are initialised on CPU (``use_cpu_initialization``): the
+    full matrix is drawn from the shared seed and then split, so a TP=2 run starts
+    from exactly the weights of a single-process run.
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m, p = config.model, config.parallel
+    dtype = _DTYPES[m.precision]
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        ffn_hidden_size=m.ffn_size,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        normalization=m.normalization,
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=m.precision == "bf16",
+        fp16=m.precision == "fp16",
+        use_cpu_initialization=dist.is_cpu,
+    )
+
+
+def layer_spec(config: PretrainConfig, dist: DistInfo):
+    """Transformer Engine layers on GPU when TE imports; Megatron-Core's local layers otherwise (and on CPU)."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if not dist.is_cpu:
+        try:
+            import transformer_engine  # noqa: F401
+
+            return get_gpt_layer_with_transformer_engine_spec()
+        except ImportError:
+            log.info("model: transformer_engine not importable; using Megatron-Core local layers")
+    return get_gpt_layer_local_spec(normalization=config.model.normalization)
+
+
+def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]:
+    """GPT for this pipeline stage in Megatron DDP; one chunk (no virtual pipeline).
+
+    Megatron DDP only all-reduces gradients when the pipeline schedule calls
+    ``config.finalize_model_grads_func`` (and uses ``config.no_sync_func`` to
+    skip reductions between micro-batches): both are set here, else data-parallel
+    replicas would silently drift apart (FACTS.md).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.distributed import (
+        DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads,
+    )
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    tconfig = transformer_config(config, dist)
+    m = config.model
+    gpt = GPTModel(
+        config=tconfig,
+        transformer_layer_spec=layer_spec(config, dist),
+        vocab_size=m.vocab_size,
+        max_sequence_length=m.max_positions,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
+        position_embedding_type=m.position_embedding_type,
+    )
+    if not dist.is_cpu:
+        gpt.cuda(torch.cuda.current_device())
+    module: torch.nn.Module = gpt
+    if m.precision != "fp32":
+        module = Float16Module(tconfig, gpt)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        check_for_nan_in_grad=config.rerun.check_for_nan_in_loss,
+    )
+    ddp = DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module)
+    tconfig.finalize_model_grads_func = finalize_model_grads
+    tconfig.no_sync_func = ddp.no_sync
+    if dist.rank == 0:
+        n_params = sum(p.numel() for p in gpt.parameters())
+        log.info("model: GPT %d layers, hidden %d, heads %d, %d parameters on this stage/shard",
+                 m.num_layers, m.hidden_size, m.num_attention_heads, n_params)
+    return [ddp]
