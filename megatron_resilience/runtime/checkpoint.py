@@ -51,6 +51,32 @@ log = logging.getLogger(__name__)
 __all__ = ["CheckpointManager", "atomic_write_text"]
 
 
+class _Prewarm:
+    """dist_checkpointing's first save starts a helper process (~3 s): start it once per process, in the
+    background, when the first saving manager is created, so it overlaps with model and data setup."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=upstream.prewarm_checkpoint_writer,
+                                                name="ckpt-writer-prewarm", daemon=True)
+                self._thread.start()
+
+    def join(self) -> float:
+        """Wait until the writer is ready; returns the seconds waited."""
+        start = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+        return time.perf_counter() - start
+
+
+_PREWARM = _Prewarm()
+
+
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
@@ -79,12 +105,8 @@ class CheckpointManager:
         self._pending: list[tuple[int, str, float]] = []  # (step, tmp path, start time) of unfinalised saves
         self.last_save_seconds: float | None = None  # blocking time of the last save() call
         self.last_load_seconds: float | None = None
-        # dist_checkpointing's first save starts a helper process (~3 s); start it now, overlapping with setup.
-        self._prewarm: threading.Thread | None = None
         if config.save is not None:
-            self._prewarm = threading.Thread(target=upstream.prewarm_checkpoint_writer, name="ckpt-writer-prewarm",
-                                             daemon=True)
-            self._prewarm.start()
+            _PREWARM.start()
 
     # --- public API -------------------------------------------------------------------------------------------
 
@@ -138,9 +160,9 @@ class CheckpointManager:
         if self.config.save is None:
             return
         start = time.perf_counter()
-        if self._prewarm is not None:
-            self._prewarm.join()
-            self._prewarm = None
+        waited = _PREWARM.join()  # the writer's queue is shared by the process: the prewarm must not race a save
+        if waited > 0.5 and _rank() == 0:
+            log.info("checkpoint: waited %.1f s for dist_checkpointing's writer process to start", waited)
         self.maybe_finalize(blocking=True)  # one save in flight at a time: its tmp dir and ours never race
         from megatron.core import dist_checkpointing
 
