@@ -85,7 +85,8 @@ def loss_func(config: PretrainConfig, loss_mask: torch.Tensor, output_tensor: to
             result=loss,
             rejection_func=partial(rerun.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR, context="loss"),
             message="Spiky loss", tolerance=0.0, fatal=False)
-    return loss, {"lm loss": loss.detach()}
+    # A copy: the schedule divides the returned loss by num_microbatches in place.
+    return loss, {"lm loss": loss.detach().clone()}
 
 
 def forward_step(config: PretrainConfig, data_iterator, model):

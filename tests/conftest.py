@@ -1,0 +1,82 @@
+"""Shared test helpers: launch the real trainer under torchrun and read its metrics.
+
+Use from any test module (pytest puts ``tests/`` on ``sys.path``)::
+
+    from conftest import read_metrics, run_torchrun, start_torchrun
+
+    proc = run_torchrun(2, [f"run_dir={tmp_path}", "train.max_steps=20"])   # waits; CompletedProcess
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    losses = [r["loss"] for r in read_metrics(tmp_path)]
+
+- ``run_torchrun(nproc, overrides, env=None, timeout=300)``: ``torchrun --standalone
+  --nproc-per-node=N -m megatron_resilience <overrides>``; returns a ``CompletedProcess`` whose
+  ``stdout`` holds stdout and stderr of the launcher and all ranks (text). On timeout the whole
+  process group is killed and the test fails with the output's tail.
+- ``start_torchrun(...)`` -> :class:`Launch`: the same without waiting, so several launches run
+  concurrently; ``launch.wait(timeout)`` returns the ``CompletedProcess``.
+- ``read_metrics(run_dir, kind="train")``: records of ``<run_dir>/metrics.jsonl`` (last record
+  per step, sorted by step); ``kind=None`` returns every record in file order.
+
+Launches default to 1 OpenMP thread per rank (as torchrun does for N > 1) so a 1-process
+reference run computes exactly like each rank of a 2-process run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from megatron_resilience.runtime.metrics import read_metrics as _read_metrics  # noqa: E402  (no torch import)
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+class Launch:
+    """A running torchrun; output goes to a temporary file so pipes never fill up."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"{' '.join(self.args)} did not finish in {timeout}s; output tail:\n"
+                                 f"{self._read()[-4000:]}") from None
+        out = self._read()
+        self._out.close()
+        return subprocess.CompletedProcess(self.args, code, stdout=out, stderr="")
+
+    def _read(self) -> str:
+        self._out.flush()
+        self._out.seek(0)
+        return self._out.read()
+
+
+def start_torchrun(nproc: int, overrides: Sequence[str], env: dict[str, str] | None = None) -> Launch:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    args = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "-m", "megatron_resilience", *overrides]
+    return Launch(args, full_env)
+
+
+def run_torchrun(nproc: int, overrides: Sequence[str], env: dict[str, str] | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    return start_torchrun(nproc, overrides, env).wait(timeout)
+
+
+def read_metrics(run_dir: str | os.PathLike, kind: str | None = "train") -> list[dict]:
+    return _read_metrics(str(run_dir), kind)
