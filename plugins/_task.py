@@ -72,6 +72,10 @@ class TaskEditor:
     def _store(self, key: str, value: Any) -> None:
         raise NotImplementedError
 
+    def run_dir(self) -> str | None:
+        """The trainer's ``run_dir`` (where it writes stop_reason.json), or None when not set."""
+        raise NotImplementedError
+
     def make_trainer_direct_task(self) -> None:
         """Make the python trainer the process the launcher / srun starts (so it gets signals)."""
 
@@ -97,6 +101,9 @@ class TaskEditor:
 
 
 class PartialEditor(TaskEditor):
+    def run_dir(self) -> str | None:
+        return getattr(self.task, "__arguments__", {}).get("run_dir")
+
     def _section(self, section: str, create: bool) -> Any:
         cfg = getattr(self.task, section, None)
         if cfg is None and create:
@@ -192,6 +199,14 @@ class ScriptEditor(TaskEditor):
             tokens = self._tokens(self._text(self.span))
             return tokens[self._trainer_index(tokens) + 3:]
         return list(self.task.args)
+
+    def run_dir(self) -> str | None:
+        value = None
+        for item in self._overrides():
+            key, sep, raw = item.partition("=")
+            if sep and key.strip().removeprefix("--") == "run_dir":
+                value = raw
+        return value
 
     def _lookup(self, key: str) -> tuple[bool, Any]:
         found, raw = False, None

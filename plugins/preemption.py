@@ -9,10 +9,11 @@ What ``setup`` does:
   forward the signal to their workers) with one, and for a ``run.Script`` whatever the script line
   starts, so an inline script's trainer line is turned into ``exec python -m megatron_resilience ...``
   (bash would otherwise swallow the signal and python be SIGKILLed);
-* requeue: nemo_run's plain sbatch script requeues only on a non-zero exit, and a preempted trainer
-  exits 0. Unless ft_launcher's sbatch teardown handles it (FaultTolerancePlugin), an EXIT trap
-  requeues the job when the trainer exited 0 without touching ``$FAULT_TOL_FINISHED_FLAG_FILE`` (the
-  file it touches when training finished, the same contract as nemo_run's FT template);
+* requeue: nemo_run's plain sbatch script requeues only on a non-zero exit (while retries remain), and
+  a preempted trainer exits 0 (torchrun, forwarding the signal, then exits 1). Unless ft_launcher's
+  sbatch teardown handles it (FaultTolerancePlugin), an EXIT trap requeues the job when the trainer
+  reported a stop with a checkpoint in ``<run_dir>/stop_reason.json`` and did not touch
+  ``$FAULT_TOL_FINISHED_FLAG_FILE`` (touched when training finished, nemo_run's FT template contract);
 * LocalExecutor: the exit handler is enabled, and a log line says no scheduler signal is configured;
 * nsys requested on the launcher or the task is turned off with a warning (nsys would be the process
   that receives the signal);
@@ -23,6 +24,7 @@ What ``setup`` does:
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -41,29 +43,41 @@ log = logging.getLogger("megatron_resilience.plugins")
 
 NAME = "PreemptionPlugin"
 REQUEUE_BLOCK = "PreemptionPlugin requeue"
+# Written by the trainer's rank 0 into run_dir at exit (megatron_resilience.resilience.hooks.STOP_REASON_FILE;
+# not imported: that module needs torch). Its format is checked against the trainer's writer in the tests.
+STOP_REASON_FILE = "stop_reason.json"
 
 
 def _uses_ft_launcher(launcher: Any) -> bool:
     return launcher == "ft" or isinstance(launcher, run.FaultTolerance)
 
 
-def requeue_block(flag_host: str, flag_step: str) -> str:
-    """sbatch lines: skip a requeued run that already finished; requeue one that stopped early with exit 0."""
-    host = shlex.quote(flag_host)
+def requeue_block(flag_host: str, flag_step: str, stop_reason: str) -> str:
+    """sbatch lines: skip a requeued run that already finished; requeue one that stopped early with a checkpoint.
+
+    "Stopped early with a checkpoint" is what the trainer (rank 0) writes to ``<run_dir>/stop_reason.json``:
+    ``"exit_code": 0, "finished": false`` (preemption signal, ``exit_duration_in_mins``, straggler stop).
+    The step's exit code cannot tell: torchrun exits 1 after forwarding a signal even when every rank
+    exited 0. A non-zero exit that nemo_run's template already requeued (``TORCHX_MAX_RETRIES`` left)
+    is not requeued twice.
+    """
+    host, reason = shlex.quote(flag_host), shlex.quote(stop_reason)
     return (
-        "# the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; a graceful stop on the\n"
-        "# preemption signal exits 0 without it, and then this job is requeued\n"
+        "# the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; when it stops early with a\n"
+        "# checkpoint (preemption signal) its stop_reason.json says so, and then this job is requeued\n"
         f"export FAULT_TOL_FINISHED_FLAG_FILE={shlex.quote(flag_step)}\n"
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then\n'
         f'    if [ -f {host} ]; then echo "Training is finished"; exit 0; fi\n'
         "else\n"
         f"    rm -f {host}\n"
         "fi\n"
+        f"rm -f {reason}\n"
         "megatron_resilience_requeue_if_stopped_early() {\n"
-        f'    if [ "${{exitcode:-1}}" = "0" ] && [ ! -f {host} ]; then\n'
-        '        echo "Trainer stopped before finishing (preempted): requeueing $SLURM_JOB_ID"\n'
-        '        scontrol requeue "$SLURM_JOB_ID"\n'
-        "    fi\n"
+        f"    [ ! -f {host} ] && [ -f {reason} ] || return 0\n"
+        f"    grep -Eq '\"exit_code\": ?0[,}}]' {reason} && grep -Eq '\"finished\": ?false' {reason} || return 0\n"
+        '    if [ "${exitcode:-1}" != "0" ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then return 0; fi\n'
+        f'    echo "Trainer stopped before finishing ($(cat {reason})): requeueing $SLURM_JOB_ID"\n'
+        '    scontrol requeue "$SLURM_JOB_ID"\n'
         "}\n"
         "trap megatron_resilience_requeue_if_stopped_early EXIT"
     )
@@ -125,5 +139,10 @@ class PreemptionPlugin(run.Plugin):
                      NAME, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
             set_env(executor, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
         if not _uses_ft_launcher(executor.launcher):
+            run_dir = editor.run_dir()
+            if not run_dir:
+                raise ConfigError(f"{NAME}: the task sets no run_dir; the trainer reports why it stopped in "
+                                  f"<run_dir>/{STOP_REASON_FILE}, which decides the requeue after a preemption")
             flag_host, flag_step = slurm_job_file(executor, f"{executor.job_name}_finished_flag")
-            set_setup_block(executor, REQUEUE_BLOCK, requeue_block(flag_host, flag_step))
+            set_setup_block(executor, REQUEUE_BLOCK,
+                            requeue_block(flag_host, flag_step, os.path.join(run_dir, STOP_REASON_FILE)))

@@ -1,7 +1,8 @@
 """The shell our plugins add to the sbatch script, run by bash.
 
 The requeue-after-preemption block and the FT config heredoc are cut out of the golden scripts and
-run by bash with the job directory moved to a temporary one. ``scontrol`` is a stub that records its
+run by bash (with nemo_run's own end of the script) with the job and run directories moved to
+temporary ones; the trainer's stop_reason.json is produced by the trainer's own writer. ``scontrol`` is a stub that records its
 arguments: these tests check the shell logic; the real-Slurm proof (signals, requeues, proctrack/cgroup)
 lives in the Slurm test suite.
 """
@@ -19,12 +20,25 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GOLDEN_JOB_DIR = "/cluster/experiments/gpt/gpt_preview/gpt"
 
 
-def block(golden: str, name: str, job_dir: str) -> str:
+GOLDEN_RUN_DIR = "/lustre/runs/gpt"
+
+
+def golden_text(golden: str) -> str:
     with open(os.path.join(GOLDEN, golden)) as f:
-        text = f.read()
-    found = re.search(rf"# >>> megatron_resilience {name} >>>\n.*?# <<< megatron_resilience {name} <<<\n", text, re.S)
+        return f.read()
+
+
+def block(golden: str, name: str, job_dir: str, run_dir: str = GOLDEN_RUN_DIR) -> str:
+    found = re.search(rf"# >>> megatron_resilience {name} >>>\n.*?# <<< megatron_resilience {name} <<<\n",
+                      golden_text(golden), re.S)
     assert found, f"{name} block missing from {golden}"
-    return found.group(0).replace(GOLDEN_JOB_DIR, job_dir)
+    return found.group(0).replace(GOLDEN_JOB_DIR, job_dir).replace(GOLDEN_RUN_DIR, run_dir)
+
+
+def tail(golden: str, code: int) -> str:
+    """nemo_run's own end of the script (after the srun), with the srun's exit code set to ``code``."""
+    text = golden_text(golden).split("\n\n# ==> ")[0]
+    return f"exitcode={code}\n" + text[text.index("exitcode=$?") + len("exitcode=$?"):] + "\n"
 
 
 def run_batch(tmp_path, body: str, **env) -> tuple[subprocess.CompletedProcess, list[str]]:
@@ -34,54 +48,88 @@ def run_batch(tmp_path, body: str, **env) -> tuple[subprocess.CompletedProcess, 
     stub = bin_dir / "scontrol"
     stub.write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
     stub.chmod(0o755)
-    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", **env}
+    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "TORCHX_MAX_RETRIES": "0", **env}
     proc = subprocess.run(["bash", "-c", body], env=environment, capture_output=True, text=True, timeout=30)
     return proc, calls.read_text().splitlines() if calls.exists() else []
 
 
-# The part of nemo_run's plain (non-FT) sbatch template that follows our setup lines.
-TAIL = """
-exitcode={code}
-set -e
-if [ $exitcode -ne 0 ]; then
-    exit $exitcode
-fi
-"""
+def trainer_writes_stop_reason(run_dir: str, reason: str, code: int) -> str:
+    """Shell that writes the file exactly as the trainer does (its own writer, run here to get the bytes)."""
+    from types import SimpleNamespace
+
+    from megatron_resilience.resilience.hooks import STOP_REASON_FILE, ResilienceHooks
+    from megatron_resilience.plugins.preemption import STOP_REASON_FILE as PLUGIN_STOP_REASON_FILE
+
+    assert PLUGIN_STOP_REASON_FILE == STOP_REASON_FILE
+    scratch = os.path.join(run_dir, "scratch")
+    ResilienceHooks._write_stop_reason(SimpleNamespace(config=SimpleNamespace(run_dir=scratch)),
+                                       SimpleNamespace(step=10), reason, code)
+    with open(os.path.join(scratch, STOP_REASON_FILE)) as f:
+        content = f.read()
+    return f"cat > {run_dir}/{STOP_REASON_FILE} <<'EOF'\n{content}\nEOF\n"
 
 
-@pytest.mark.parametrize("finished, code, restart, requeued, out", [
-    (False, 0, None, True, "Trainer stopped before finishing (preempted): requeueing 42"),
-    (True, 0, None, False, ""),
-    (False, 1, None, False, ""),  # failures are nemo_run's template's business (TORCHX_MAX_RETRIES)
-    (False, 0, "2", True, "requeueing 42"),
+FINISHED = 'touch "$FAULT_TOL_FINISHED_FLAG_FILE"\n'
+
+
+# (trainer's ending, srun exit code, TORCHX_MAX_RETRIES, SLURM_RESTART_COUNT) -> scontrol calls
+@pytest.mark.parametrize("ending, code, retries, restart, calls", [
+    (("signal", 0), 1, "0", None, ["requeue 42"]),  # torchrun exits 1 after forwarding SIGTERM
+    (("signal", 0), 0, "0", None, ["requeue 42"]),  # no launcher: python's own exit 0
+    (("signal", 0), 1, "2", None, ["requeue 42"]),  # nemo_run's template requeues; the trap does not again
+    (("signal", 0), 1, "2", "2", ["requeue 42"]),  # retries used up by earlier requeues: the trap requeues
+    (("duration", 0), 0, "0", "1", ["requeue 42"]),
+    (("finished", 0), 0, "0", None, []),
+    (("rerun:16", 16), 16, "0", None, []),  # 16/17 are the template's (and retries') business
+    (None, 1, "0", None, []),  # crash: no stop_reason.json
 ])
-def test_preemption_requeue_block(tmp_path, finished, code, restart, requeued, out):
-    job_dir = str(tmp_path / "job")
+def test_preemption_requeue_block(tmp_path, ending, code, retries, restart, calls):
+    job_dir, run_dir = str(tmp_path / "job"), str(tmp_path / "run")
     os.makedirs(job_dir)
-    trainer = 'touch "$FAULT_TOL_FINISHED_FLAG_FILE"\n' if finished else ""
-    env = {"SLURM_RESTART_COUNT": restart} if restart else {}
-    body = block("preemption_partial.sh", "PreemptionPlugin requeue", job_dir) + trainer + TAIL.format(code=code)
-    proc, calls = run_batch(tmp_path, body, **env)
-    assert proc.returncode == code
-    assert calls == (["requeue 42"] if requeued else [])
-    assert out in proc.stdout
+    os.makedirs(run_dir)
+    trainer = ""
+    if ending is not None:
+        trainer = trainer_writes_stop_reason(run_dir, *ending) + (FINISHED if ending[0] == "finished" else "")
+    env = {"TORCHX_MAX_RETRIES": retries, **({"SLURM_RESTART_COUNT": restart} if restart else {})}
+    golden = "preemption_partial.sh"
+    body = block(golden, "PreemptionPlugin requeue", job_dir, run_dir) + trainer + tail(golden, code)
+    proc, scontrol = run_batch(tmp_path, body, **env)
+    assert proc.returncode == code, proc.stderr
+    assert scontrol == calls
+    if calls and code == 0:
+        assert "Trainer stopped before finishing" in proc.stdout
+
+
+def test_stale_stop_reason_of_an_earlier_attempt_is_ignored(tmp_path):
+    job_dir, run_dir = str(tmp_path / "job"), str(tmp_path / "run")
+    os.makedirs(job_dir)
+    os.makedirs(run_dir)
+    golden = "preemption_partial.sh"
+    stale = trainer_writes_stop_reason(run_dir, "signal", 0)
+    body = stale + block(golden, "PreemptionPlugin requeue", job_dir, run_dir) + tail(golden, 1)  # then a crash
+    proc, scontrol = run_batch(tmp_path, body, SLURM_RESTART_COUNT="1")
+    assert (proc.returncode, scontrol) == (1, [])
 
 
 def test_requeued_job_that_already_finished_exits_at_once(tmp_path):
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)
     open(os.path.join(job_dir, "gpt_finished_flag"), "w").close()
-    body = block("preemption_partial.sh", "PreemptionPlugin requeue", job_dir) + "echo TRAINER-RAN\n" + TAIL.format(code=0)
+    golden = "preemption_partial.sh"
+    body = block(golden, "PreemptionPlugin requeue", job_dir, str(tmp_path)) + "echo TRAINER-RAN\n" + tail(golden, 0)
     proc, calls = run_batch(tmp_path, body, SLURM_RESTART_COUNT="1")
     assert (proc.returncode, calls) == (0, [])
     assert "Training is finished" in proc.stdout and "TRAINER-RAN" not in proc.stdout
 
 
 def test_first_attempt_removes_a_stale_finished_flag(tmp_path):
-    job_dir = str(tmp_path / "job")
+    job_dir, run_dir = str(tmp_path / "job"), str(tmp_path / "run")
     os.makedirs(job_dir)
+    os.makedirs(run_dir)
     open(os.path.join(job_dir, "gpt_finished_flag"), "w").close()
-    body = block("preemption_partial.sh", "PreemptionPlugin requeue", job_dir) + TAIL.format(code=0)
+    golden = "preemption_partial.sh"
+    body = (block(golden, "PreemptionPlugin requeue", job_dir, run_dir) + trainer_writes_stop_reason(run_dir, "signal", 0)
+            + tail(golden, 0))
     proc, calls = run_batch(tmp_path, body)
     assert calls == ["requeue 42"]
     assert not os.path.exists(os.path.join(job_dir, "gpt_finished_flag"))

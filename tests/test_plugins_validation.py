@@ -201,3 +201,12 @@ def test_errors_come_before_anything_is_submitted(tmp_path):
     finally:
         set_nemorun_home(home)
     assert not [f for _, _, files in os.walk(tmp_path) for f in files]
+
+
+@pytest.mark.parametrize("no_run_dir", [run.Partial(pretrain),
+                                        run.Script(path="megatron_resilience", m=True, entrypoint="python")])
+def test_preemption_needs_the_run_dir_for_the_requeue_decision(no_run_dir):
+    with pytest.raises(ConfigError) as err:
+        preview(no_run_dir, slurm(launcher="torchrun"), [PreemptionPlugin()])
+    assert str(err.value) == ("PreemptionPlugin: the task sets no run_dir; the trainer reports why it stopped in "
+                              "<run_dir>/stop_reason.json, which decides the requeue after a preemption")

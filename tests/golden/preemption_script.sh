@@ -34,19 +34,21 @@ head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export LOGLEVEL=INFO
 # >>> megatron_resilience PreemptionPlugin requeue >>>
-# the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; a graceful stop on the
-# preemption signal exits 0 without it, and then this job is requeued
+# the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; when it stops early with a
+# checkpoint (preemption signal) its stop_reason.json says so, and then this job is requeued
 export FAULT_TOL_FINISHED_FLAG_FILE=/cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
     if [ -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ]; then echo "Training is finished"; exit 0; fi
 else
     rm -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag
 fi
+rm -f /lustre/runs/gpt/stop_reason.json
 megatron_resilience_requeue_if_stopped_early() {
-    if [ "${exitcode:-1}" = "0" ] && [ ! -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ]; then
-        echo "Trainer stopped before finishing (preempted): requeueing $SLURM_JOB_ID"
-        scontrol requeue "$SLURM_JOB_ID"
-    fi
+    [ ! -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ] && [ -f /lustre/runs/gpt/stop_reason.json ] || return 0
+    grep -Eq '"exit_code": ?0[,}]' /lustre/runs/gpt/stop_reason.json && grep -Eq '"finished": ?false' /lustre/runs/gpt/stop_reason.json || return 0
+    if [ "${exitcode:-1}" != "0" ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then return 0; fi
+    echo "Trainer stopped before finishing ($(cat /lustre/runs/gpt/stop_reason.json)): requeueing $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
 }
 trap megatron_resilience_requeue_if_stopped_early EXIT
 # <<< megatron_resilience PreemptionPlugin requeue <<<
