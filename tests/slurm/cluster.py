@@ -42,15 +42,20 @@ class SlurmCluster:
     env: dict[str, str] = field(default_factory=dict)
 
     def executor(self, *, time: str = "00:05:00", ntasks_per_node: int = 1, launcher: Any = None,
-                 job_dir: str = "", **kwargs: Any) -> Any:
-        """A ``run.SlurmExecutor`` for this cluster. ``job_dir`` must be ``$NEMORUN_HOME/experiments`` or empty
-        (nemo_run's LocalTunnel appends the experiment path to it in one place and not in another)."""
+                 job_dir: str = "", env_vars: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        """A ``run.SlurmExecutor`` for this cluster (``run.Packager()``: jobs import this checkout).
+
+        ``job_dir`` must be ``$NEMORUN_HOME/experiments`` or empty (nemo_run's LocalTunnel appends the
+        experiment path to it in one place and not in another). ``OMP_NUM_THREADS=1`` by default: many
+        ranks share 2 cores, and runs compared step by step must use the same thread count.
+        """
         from megatron_resilience.upstream import import_nemo_run
 
         run = import_nemo_run()
         return run.SlurmExecutor(
             account=self.account, partition=self.partition, nodes=1, ntasks_per_node=ntasks_per_node, time=time,
-            launcher=launcher, tunnel=run.LocalTunnel(job_dir=job_dir), packager=run.Packager(), **kwargs)
+            launcher=launcher, tunnel=run.LocalTunnel(job_dir=job_dir), packager=run.Packager(),
+            env_vars={"OMP_NUM_THREADS": "1", **(env_vars or {})}, **kwargs)
 
 
 def venv_env(base: dict[str, str] | None = None) -> dict[str, str]:

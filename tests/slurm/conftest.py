@@ -43,10 +43,10 @@ def nemorun_home(tmp_path_factory, slurm_cluster: SlurmCluster) -> str:
     return home
 
 
-@pytest.fixture(autouse=True)
-def _stdin_devnull(monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _stdin_devnull():
     """nemo_run's LocalTunnel runs sbatch/sacct through invoke, which forwards our stdin to the command;
     under pytest's capture reading stdin raises. Users have a real stdin; tests give it /dev/null."""
-    with open(os.devnull) as devnull:
-        monkeypatch.setattr(sys, "stdin", devnull)
+    with open(os.devnull) as devnull, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", devnull)
         yield
