@@ -74,12 +74,12 @@ def uses_ft_launcher(executor: Any) -> bool:
 
 @run.cli.factory
 def slurm(account: str = "", partition: Optional[str] = None, nodes: int = 1, time: str = "04:00:00",
-          gpus_per_node: Optional[int] = 8, host: Optional[str] = None, user: Optional[str] = None,
-          job_dir: str = "") -> run.Config[run.SlurmExecutor]:
+          gpus_per_node: Optional[int] = 8, ntasks_per_node: Optional[int] = None, host: Optional[str] = None,
+          user: Optional[str] = None, job_dir: str = "") -> run.Config[run.SlurmExecutor]:
     """A Slurm cluster: submitted from its login node (LocalTunnel) or over SSH when ``host`` is given.
 
-    One torchrun per node with ``gpus_per_node`` ranks (``gpus_per_node=None`` on CPU-only
-    partitions: then set ``ntasks_per_node``). ``run.Packager()``: the job imports the
+    One torchrun per node with ``ntasks_per_node`` ranks (default: ``gpus_per_node``; on CPU-only
+    partitions set ``gpus_per_node=None`` and ``ntasks_per_node``). ``run.Packager()``: the job imports the
     installed ``megatron_resilience``; no git archive of the submit directory is shipped.
     """
     if host:
@@ -88,7 +88,7 @@ def slurm(account: str = "", partition: Optional[str] = None, nodes: int = 1, ti
         tunnel = run.Config(run.LocalTunnel, job_dir=job_dir)
     return run.Config(
         run.SlurmExecutor, account=account, partition=partition, nodes=nodes, time=time,
-        ntasks_per_node=gpus_per_node or 1, gpus_per_node=gpus_per_node, launcher="torchrun",
+        ntasks_per_node=ntasks_per_node or gpus_per_node or 1, gpus_per_node=gpus_per_node, launcher="torchrun",
         tunnel=tunnel, packager=run.Config(run.Packager),
     )
 

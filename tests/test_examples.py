@@ -2,6 +2,9 @@
 
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 
@@ -16,14 +19,25 @@ def _env(tmp_path) -> dict:
     return {**os.environ, "NEMORUN_HOME": str(tmp_path / "nemo_run_home"), "PYTHONUNBUFFERED": "1"}
 
 
+def _run_in_own_group(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run, but a timeout kills the whole process group (ft_launcher and its ranks too)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s\n{out[-3000:]}\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @pytest.mark.slow
 def test_make_demo_survives_a_killed_rank_with_zero_lost_steps(tmp_path):
     """`make demo`: 2 CPU ranks under the real ft_launcher via run.Experiment; rank 1 SIGKILLed at step 25."""
-    proc = subprocess.run(
+    proc = _run_in_own_group(
         [sys.executable, os.path.join(EXAMPLES, "demo.py"), "--dir", str(tmp_path / "runs"),
-         "--plot", str(tmp_path / "demo.png")],
-        capture_output=True, text=True, timeout=400, env=_env(tmp_path), cwd=tmp_path,
-    )
+         "--plot", str(tmp_path / "demo.png")], timeout=900, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "demo: job SUCCEEDED" in out
@@ -46,3 +60,109 @@ def test_make_demo_survives_a_killed_rank_with_zero_lost_steps(tmp_path):
     assert "will restart worker group" in launcher_log
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def _console_blocks(markdown: str) -> list[tuple[str, list[str]]]:
+    """(command, expected output lines) for every ``$ command`` in the ```console blocks of a walkthrough."""
+    out = []
+    for block in re.findall(r"```console\n(.*?)```", markdown, flags=re.S):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                out.append((line[2:], []))
+            else:
+                out[-1][1].append(line)
+    return out
+
+
+def _assert_lines_in_order(expected: list[str], actual: str, command: str) -> None:
+    lines = [line.rstrip() for line in actual.splitlines()]
+    position = 0
+    for want in expected:
+        if want == "...":
+            continue
+        try:
+            position = lines.index(want.rstrip(), position) + 1
+        except ValueError:
+            raise AssertionError(f"{command}\n  expected line not found (in order): {want!r}\n--- output ---\n"
+                                 f"{actual[-4000:]}") from None
+
+
+@pytest.mark.slow
+def test_cli_walkthrough_commands_print_what_the_walkthrough_shows(tmp_path, monkeypatch):
+    """Every command in examples/cli.md runs; its shown output lines appear in order; errors exit 1.
+
+    ``nemo megatron_resilience pretrain ...`` runs through NeMo-Run's real CLI in this process (one
+    interpreter start-up instead of one per command; test_cli.py runs the installed script once);
+    other commands run in bash.
+    """
+    from nemo_run.config import get_nemorun_home, set_nemorun_home
+
+    from test_cli import nemo
+
+    blocks = _console_blocks(open(os.path.join(EXAMPLES, "cli.md")).read())
+    assert len(blocks) == 8
+    env = _env(tmp_path)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    monkeypatch.chdir(tmp_path)
+    saved_home = get_nemorun_home()
+    set_nemorun_home(env["NEMORUN_HOME"])
+    try:
+        for command, expected in blocks:
+            fails = any(line.startswith("Error:") for line in expected)
+            prefix = "nemo megatron_resilience pretrain "
+            if command.startswith(prefix):
+                code, out, err = nemo(*shlex.split(command[len(prefix):]))
+            else:
+                proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=env)
+                code, out, err = proc.returncode, proc.stdout, proc.stderr
+            assert code == (1 if fails else 0), f"{command}\n{out[-3000:]}\n{err[-3000:]}"
+            _assert_lines_in_order(expected, out + ("\n" + err if fails else ""), command)
+    finally:
+        set_nemorun_home(saved_home)
+
+
+def test_python_script_dryrun_renders_the_slurm_job(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "pretrain.py"), "--recipe", "gpt_350m", "--nodes", "2",
+         "--account", "acct", "--partition", "batch", "--time", "02:00:00", "--dir", "/lustre/me/runs",
+         "--preempt-time", "300", "--restarts", "5", "--dryrun", "train.max_steps=2000", "ft.calc_ft_timeouts=false"],
+        capture_output=True, text=True, timeout=300, env=_env(tmp_path), cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_lines_in_order([
+        "run_dir=/lustre/me/runs/gpt_350m", "model.num_layers=24", "model.hidden_size=1024", "train.max_steps=2000",
+        "ft.enabled=true", "ft.calc_ft_timeouts=false", "#SBATCH --account=acct", "#SBATCH --nodes=2",
+        "#SBATCH --partition=batch", "#SBATCH --signal=SIGTERM@300", "#SBATCH --time=02:00:00",
+    ], proc.stdout, "examples/pretrain.py --dryrun")
+    srun = next(line for line in proc.stdout.splitlines() if line.startswith("srun "))
+    assert "ft_launcher" in srun and "--max-restarts 5" in srun and "--nproc-per-node 8" in srun
+
+
+@pytest.mark.slow
+def test_notebook_executes_against_the_local_executor(tmp_path):
+    """The login-node notebook, run top to bottom by nbclient with NB_EXECUTOR=local_ft (2 CPU ranks)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(EXAMPLES, "slurm_login_node.ipynb"), as_version=4)
+    env = {"NB_EXECUTOR": "local_ft", "NB_GPUS_PER_NODE": "0", "NB_RANKS_PER_NODE": "2", "NB_MAX_STEPS": "8",
+           "NB_DIR": str(tmp_path / "runs"), "NEMORUN_HOME": str(tmp_path / "nemo_run_home")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    text = "\n".join(o.get("text", "") or str(o.get("data", {}).get("text/plain", ""))
+                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "gpt_tiny 1 node(s) x 2 rank(s): 2 layers, hidden 64" in text
+    assert "rerun: validate_results | exit signal handler: True SIGTERM" in text
+    assert "#SBATCH --signal=SIGTERM@60" in text and "ft_launcher" in text
+    assert "state: SUCCEEDED" in text
+    assert "8 steps logged; loss " in text
+    assert "checkpoints: ['iter_0000002', 'iter_0000004', 'iter_0000006', 'iter_0000008']" in text
