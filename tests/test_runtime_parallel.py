@@ -1,8 +1,10 @@
 """The real trainer under real ``torchrun`` on CPU (gloo): data, tensor and pipeline parallelism.
 
-Tiny GPT (2 layers, hidden 64, 4 heads, vocab 1024, seq 64, micro-batch 4) on Megatron-Core's mock
-dataset, 50 steps, global batch 8. All launches start together (one module-scoped fixture) and
-each test asserts on its own run; nothing is mocked (only the GPU is absent).
+Tiny GPT (2 layers, hidden 64, 4 heads, vocab 1024, seq 64, micro-batch 4), 50 steps, global batch 8.
+The single/DP/TP runs read a small Megatron indexed dataset (``GPTDataset``, written here with
+Megatron-Core's ``IndexedDatasetBuilder``, GPT-2-style ``vocab.json``); PP and the duration run use the
+default ``MockGPTDataset``. All launches start together (one module-scoped fixture) and each test
+asserts on its own run; nothing is mocked (only the GPU is absent).
 
 - single process (2 micro-batches per step): the reference curve;
 - DP=2 (1 micro-batch per rank): loss falls, and matches the reference closely, which holds only
@@ -29,20 +31,45 @@ LINE = re.compile(r"step (\d+)/50 \| loss (\d+\.\d{4}) \| lr \S+ \| grad_norm \d
                   r"step_time \d+\.\d ms \| tokens/s \d+")
 
 RUNS = {
-    "single": (1, []),
-    "dp2": (2, ["train.eval_interval=25", "train.eval_iters=2"]),
-    "tp2": (2, ["parallel.tensor_model_parallel_size=2"]),
+    "single": (1, ["@indexed"]),
+    "dp2": (2, ["@indexed", "train.eval_interval=25", "train.eval_iters=2"]),
+    "tp2": (2, ["@indexed", "parallel.tensor_model_parallel_size=2"]),
     "pp2": (2, ["parallel.pipeline_model_parallel_size=2", "train.log_interval=5"]),
     "duration": (1, ["train.exit_duration_in_mins=0.0001"]),
+    "bad_world": (1, ["parallel.tensor_model_parallel_size=2"]),  # TP=2 cannot fit 1 process
 }
+
+
+def write_indexed_dataset(directory) -> list[str]:
+    """400 documents of counting sequences (learnable), ids < 1023, each ended by <|endoftext|> = 1023."""
+    import json
+
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
+
+    prefix = str(directory / "docs")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=np.int32)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        start, length = rng.integers(0, 1023), rng.integers(20, 200)
+        builder.add_document(torch.from_numpy(np.append((start + np.arange(length)) % 1023, 1023)), [length + 1])
+    builder.finalize(get_idx_path(prefix))
+    vocab = {f"t{i}": i for i in range(1023)} | {"<|endoftext|>": 1023}
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    return [f"data.data_path={prefix}", "data.tokenizer=gpt2", f"data.vocab_file={directory / 'vocab.json'}",
+            f"data.merge_file={directory / 'merges.txt'}", f"data.cache_dir={directory / 'cache'}"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Start every launch at once (2 cores: ~7 processes share them), then wait for all."""
+    indexed = write_indexed_dataset(tmp_path_factory.mktemp("data"))
     launches = {}
     for name, (nproc, extra) in RUNS.items():
         run_dir = tmp_path_factory.mktemp(name)
+        extra = [x for e in extra for x in (indexed if e == "@indexed" else [e])]
         launches[name] = (run_dir, start_torchrun(nproc, [f"run_dir={run_dir}", *COMMON, *extra]))
     results = {}
     for name, (run_dir, launch) in launches.items():
@@ -60,6 +87,11 @@ def _losses(run_dir):
     return [r["loss"] for r in read_metrics(run_dir)]
 
 
+def _assert_data_line(out, cls, tokenizer):
+    match = re.search(rf"data: {cls} \({tokenizer} tokenizer\), (\d+) train samples", out)
+    assert match and int(match.group(1)) >= STEPS * 8, f"no data line for {cls}"
+
+
 def _assert_falls(losses, margin):
     first, last = statistics.mean(losses[:5]), statistics.mean(losses[-5:])
     assert last < first - margin, f"loss did not fall: first-5 mean {first:.4f}, last-5 mean {last:.4f}"
@@ -73,9 +105,13 @@ def test_single_process_reference(runs):
     assert records[-1]["consumed_samples"] == STEPS * 8
     assert 6.9 < records[0]["loss"] < 7.0  # ln(1024) = 6.93: an untrained model
     _assert_falls(_losses(run_dir), margin=1.0)
-    starts = read_metrics(run_dir, kind="start")
-    assert [(s["step"], s["resumed"], s["world_size"]) for s in starts] == [(0, False, 1)]
+    events = [(r["kind"], r["step"]) for r in read_metrics(run_dir, kind=None) if r["kind"] != "train"]
+    assert events == [("start", 0), ("end", 50)]
+    start, end = read_metrics(run_dir, kind="start")[0], read_metrics(run_dir, kind="end")[0]
+    assert (start["resumed"], start["world_size"], start["dp"]) == (False, 1, 1)
+    assert (end["reason"], end["exit_code"]) == ("finished", 0)
     assert "training ended: finished at step 50" in out
+    _assert_data_line(out, "GPTDataset", "gpt2")
 
 
 @pytest.mark.slow
@@ -112,6 +148,7 @@ def test_tp2_reproduces_single_process_losses(runs):
 def test_pp2_trains(runs):
     run_dir, out = _ok(runs, "pp2")
     assert "world_size=2 tp=1 pp=2 dp=1" in out
+    _assert_data_line(out, "MockGPTDataset", "null")
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == list(range(5, STEPS + 1, 5))
     losses = [r["loss"] for r in records]
@@ -124,6 +161,16 @@ def test_exit_duration_stops_after_first_step(runs):
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
     assert "stopping at step 1: duration" in out
     assert "training ended: duration at step 1" in out
+    assert read_metrics(run_dir, kind="end")[0]["reason"] == "duration"
+
+
+@pytest.mark.slow
+def test_world_size_that_does_not_fit_fails_clearly(runs):
+    run_dir, proc = runs["bad_world"]
+    assert proc.returncode != 0
+    assert ("megatron_resilience: parallel: tensor_model_parallel_size * pipeline_model_parallel_size = 2 "
+            "must divide the world size 1, got 2") in proc.stdout
+    assert read_metrics(run_dir) == []
 
 
 def test_sampler_resumes_exactly_and_splits_the_global_batch():

@@ -16,7 +16,7 @@ import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -63,7 +63,7 @@ class Datasets:
     valid: Any | None
 
 
-def build_datasets(config: PretrainConfig, *, global_batch_size: int, is_cpu: bool) -> Datasets:
+def build_datasets(config: PretrainConfig, *, global_batch_size: int) -> Datasets:
     """Train (and validation when evaluating) datasets sized for the whole run. Call on every rank."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
@@ -92,6 +92,9 @@ def build_datasets(config: PretrainConfig, *, global_batch_size: int, is_cpu: bo
         raise ConfigError(f"data.split: gives no training samples for data.data_path={d.data_path}")
     if valid_samples and (valid is None or len(valid) == 0):
         raise ConfigError(f"data.split: gives no validation samples but train.eval_interval={t.eval_interval}")
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        log.info("data: %s (%s tokenizer), %d train samples%s", cls.__name__, d.tokenizer, len(train),
+                 f", {len(valid)} validation samples" if valid_samples else "")
     return Datasets(train=train, valid=valid if valid_samples else None)
 
 
@@ -119,45 +122,58 @@ class GlobalBatchSampler:
 
 
 class MicroBatchIterator:
-    """Yields collated micro-batches (dict of tensors) on ``device`` in sampler order."""
+    """Yields collated micro-batches (dict of tensors) on ``device`` in sampler order.
 
-    def __init__(self, dataset: Any, sampler: GlobalBatchSampler, device: torch.device) -> None:
+    With ``num_workers > 0`` a ``torch.utils.data.DataLoader`` reads ahead in worker processes
+    (same order: the sampler fixes it); ``worker_init_fn`` runs in each worker.
+    """
+
+    def __init__(self, dataset: Any, sampler: GlobalBatchSampler, device: torch.device, *,
+                 num_workers: int = 0, worker_init_fn: Callable[[int], None] | None = None) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.device = device
+        self._loader = None
+        if num_workers > 0:
+            self._loader = iter(torch.utils.data.DataLoader(
+                dataset, batch_sampler=sampler, num_workers=num_workers, worker_init_fn=worker_init_fn,
+                pin_memory=device.type == "cuda", collate_fn=torch.utils.data.default_collate))
 
     def __iter__(self) -> "MicroBatchIterator":
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        indices = next(self.sampler)
-        batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+        if self._loader is not None:
+            batch = next(self._loader)
+        else:
+            batch = torch.utils.data.default_collate([self.dataset[i] for i in next(self.sampler)])
         if self.device.type != "cpu":
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return batch
 
 
-def train_iterator(datasets: Datasets, config: PretrainConfig, *, consumed_samples: int,
-                   device: torch.device):
-    """The training iterator from ``consumed_samples``, wrapped for the rerun state machine's replay."""
+def _iterator(dataset: Any, config: PretrainConfig, *, consumed_samples: int, device: torch.device,
+              worker_init_fn: Callable[[int], None] | None):
     from megatron.core import parallel_state
     from megatron.core.rerun_state_machine import RerunDataIterator
 
     sampler = GlobalBatchSampler(
-        dataset_len=len(datasets.train), consumed_samples=consumed_samples,
-        micro_batch_size=config.train.micro_batch_size,
+        dataset_len=len(dataset), consumed_samples=consumed_samples, micro_batch_size=config.train.micro_batch_size,
         dp_rank=parallel_state.get_data_parallel_rank(), dp_size=parallel_state.get_data_parallel_world_size())
-    return RerunDataIterator(MicroBatchIterator(datasets.train, sampler, device))
+    return RerunDataIterator(MicroBatchIterator(dataset, sampler, device, num_workers=config.data.num_workers,
+                                                worker_init_fn=worker_init_fn))
 
 
-def valid_iterator(datasets: Datasets, config: PretrainConfig, *, device: torch.device):
+def train_iterator(datasets: Datasets, config: PretrainConfig, *, consumed_samples: int, device: torch.device,
+                   worker_init_fn: Callable[[int], None] | None = None):
+    """The training iterator from ``consumed_samples``, wrapped for the rerun state machine's replay."""
+    return _iterator(datasets.train, config, consumed_samples=consumed_samples, device=device,
+                     worker_init_fn=worker_init_fn)
+
+
+def valid_iterator(datasets: Datasets, config: PretrainConfig, *, device: torch.device,
+                   worker_init_fn: Callable[[int], None] | None = None):
     """A fresh validation iterator from sample 0: every evaluation sees the same batches (comparable losses)."""
-    from megatron.core import parallel_state
-    from megatron.core.rerun_state_machine import RerunDataIterator
-
     if datasets.valid is None:
         return None
-    sampler = GlobalBatchSampler(
-        dataset_len=len(datasets.valid), consumed_samples=0, micro_batch_size=config.train.micro_batch_size,
-        dp_rank=parallel_state.get_data_parallel_rank(), dp_size=parallel_state.get_data_parallel_world_size())
-    return RerunDataIterator(MicroBatchIterator(datasets.valid, sampler, device))
+    return _iterator(datasets.valid, config, consumed_samples=0, device=device, worker_init_fn=worker_init_fn)

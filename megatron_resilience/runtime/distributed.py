@@ -82,11 +82,7 @@ def init_distributed(config: PretrainConfig) -> DistInfo:
 
     tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=pp,
-            create_gloo_process_groups=device.type == "cpu" or config.parallel.use_distributed_optimizer,
-        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     info = DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, tp=tp, pp=pp, dp=dp)
     if rank == 0:
         log.info("distributed: world_size=%d tp=%d pp=%d dp=%d device=%s backend=%s",

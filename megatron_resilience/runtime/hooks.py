@@ -29,6 +29,9 @@ class TrainingHooks:
         """Lets straggler detection time the step; returns a callable with the same result."""
         return train_step
 
+    def dataloader_worker_init(self, worker_id: int) -> None:
+        """Runs in each data-loader worker process (``data.num_workers > 0``), e.g. to install a signal handler."""
+
     def eval_section(self) -> AbstractContextManager:
         """Around one evaluation pass."""
         return nullcontext()
@@ -45,4 +48,8 @@ class TrainingHooks:
         return None
 
     def on_exit(self, state: TrainState, reason: str) -> None:
-        """Training is over for this process: reason is "finished" (max_steps) or the stop reason."""
+        """Training is over for this process: reason is "finished" (max_steps) or the stop reason.
+
+        Also "duration" (``train.exit_duration_in_mins``) and "rerun:16" / "rerun:17" when Megatron-Core's
+        rerun state machine ends the run (the process then exits with that code).
+        """

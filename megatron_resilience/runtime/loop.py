@@ -171,7 +171,8 @@ def evaluate(ctx: TrainContext) -> float:
     rerun = get_rerun_state_machine()
     mode = rerun.get_mode()
     rerun.set_mode(RerunMode.DISABLED)  # as Megatron-LM: no re-runs during evaluation
-    iterator = valid_iterator(ctx.datasets, config, device=ctx.dist.device)
+    iterator = valid_iterator(ctx.datasets, config, device=ctx.dist.device,
+                              worker_init_fn=ctx.hooks.dataloader_worker_init)
     forward_backward = get_forward_backward_func()
     for chunk in state.model:
         chunk.eval()
@@ -214,15 +215,21 @@ def save_checkpoint(ctx: TrainContext, why: str) -> None:
     with ctx.hooks.checkpoint_section():
         start = time.monotonic()
         ctx.checkpoints.save(ctx.state)
+    seconds = time.monotonic() - start
+    ctx.metrics.event("checkpoint", step=ctx.state.step, reason=why, seconds=seconds)
     if ctx.dist.rank == 0:
-        log.info("checkpoint: saved step %d (%s) in %.2f s", ctx.state.step, why, time.monotonic() - start)
+        log.info("checkpoint: saved step %d (%s) in %.2f s", ctx.state.step, why, seconds)
 
 
 # --- the loop -------------------------------------------------------------------------------------------------
 
 
 def train(ctx: TrainContext) -> tuple[str, int | None]:
-    """Run until ``max_steps``, a stop reason, or a rerun exit. Returns (reason, exit code or None)."""
+    """Run until ``max_steps``, a stop reason, or a rerun exit. Returns (reason, exit code or None).
+
+    The reason is "finished", the hooks' stop reason ("signal", "straggler", ...), "duration", or
+    "rerun:<code>" when the rerun state machine ends the run.
+    """
     config, state, hooks = ctx.config, ctx.state, ctx.hooks
     t = config.train
     run_step: Callable[[], StepResult] = hooks.wrap_train_step(lambda: train_step(ctx))
@@ -242,7 +249,7 @@ def train(ctx: TrainContext) -> tuple[str, int | None]:
                 save_checkpoint(ctx, f"rerun state machine, exit code {result.exit_code}")
             if ctx.dist.rank == 0:
                 log.warning("rerun state machine: exiting with code %d at step %d", result.exit_code, step)
-            reason, exit_code = "rerun", result.exit_code
+            reason, exit_code = f"rerun:{result.exit_code}", result.exit_code
             break
         state.step = step
         state.consumed_samples += ctx.global_batch_size

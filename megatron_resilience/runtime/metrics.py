@@ -4,8 +4,11 @@ Every JSON line has a ``kind``:
 
 - ``"train"``: ``step, loss, lr, grad_norm, step_time_s, tokens_per_s, consumed_samples, time``;
 - ``"eval"``: ``step, eval_loss, time``;
-- ``"start"``: ``step`` (the step training resumes from), ``world_size``, ``time``: one per (re)start;
-- other kinds written through :meth:`MetricsLogger.event` (e.g. checkpoints).
+- ``"start"``: ``step`` (the step training resumes from), ``consumed_samples``, ``resumed``,
+  ``world_size``, ``tp``, ``pp``, ``dp``: one per (re)start;
+- ``"checkpoint"``: ``step``, ``reason`` ("interval", "finished", a stop reason, ...), ``seconds``;
+- ``"end"``: ``step``, ``reason`` (as passed to ``hooks.on_exit``), ``exit_code``;
+- other kinds written through :meth:`MetricsLogger.event`.
 
 Floats are written with ``repr`` precision (``json`` round-trips them exactly), so
 bitwise resume tests can compare losses. The file is appended to: a resumed or

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from megatron_resilience.config import PretrainConfig
+from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.state import TrainState
 
@@ -109,10 +109,13 @@ def run_pretraining(config: PretrainConfig) -> None:
         from megatron_resilience.runtime.loop import train
 
         reason, exit_code = train(ctx)
+        ctx.metrics.event("end", step=ctx.state.step, reason=reason, exit_code=exit_code or 0)
         hooks.on_exit(ctx.state, reason)
         if rank == 0:
             log.info("training ended: %s at step %d (%.1f s)", reason, ctx.state.step, time.monotonic() - start_time)
         ctx.metrics.close()
+    except ConfigError as err:  # a setting that only the job's size can check, e.g. TP*PP vs world size
+        raise SystemExit(f"megatron_resilience: {err}") from None
     finally:
         _teardown()
     if exit_code is not None:
@@ -139,7 +142,7 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float):
     scheduler = build_scheduler(config, optimizer)
     gbs = config.train.resolved_global_batch_size(dist.dp)
     num_microbatches = gbs // (config.train.micro_batch_size * dist.dp)
-    datasets = data.build_datasets(config, global_batch_size=gbs, is_cpu=dist.is_cpu)
+    datasets = data.build_datasets(config, global_batch_size=gbs)
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler)
     checkpoints = _checkpoint_manager_cls()(config.checkpoint, run_dir=config.run_dir)
     resumed = checkpoints.load_latest(state)
@@ -151,7 +154,7 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float):
                  "resumed" if resumed else "starting", state.step, state.consumed_samples, gbs, num_microbatches,
                  config.train.micro_batch_size, dist.dp)
     train_iterator = data.train_iterator(datasets, config, consumed_samples=state.consumed_samples,
-                                         device=dist.device)
+                                         device=dist.device, worker_init_fn=hooks.dataloader_worker_init)
     return TrainContext(config=config, dist=dist, state=state, hooks=hooks, checkpoints=checkpoints,
                         metrics=metrics, datasets=datasets, train_iterator=train_iterator,
                         global_batch_size=gbs, num_microbatches=num_microbatches, start_time=start_time)
