@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from megatron_resilience.config import PretrainConfig
+from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.runtime.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,14 @@ def transformer_config(config: PretrainConfig, dist: DistInfo):
     )
 
 
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+        return True
+    except ImportError:
+        return False
+
+
 def layer_spec(config: PretrainConfig, dist: DistInfo):
     """Transformer Engine layers on GPU when TE imports; Megatron-Core's local layers otherwise (and on CPU)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -52,12 +60,13 @@ def layer_spec(config: PretrainConfig, dist: DistInfo):
     )
 
     if not dist.is_cpu:
-        try:
-            import transformer_engine  # noqa: F401
-
+        if _importable("transformer_engine"):
             return get_gpt_layer_with_transformer_engine_spec()
-        except ImportError:
-            log.info("model: transformer_engine not importable; using Megatron-Core local layers")
+        log.info("model: transformer_engine not importable; using Megatron-Core local layers")
+    if config.parallel.sequence_parallel and not _importable("apex.normalization"):
+        # Megatron-Core's torch LayerNorm asserts on sequence parallelism; only TE/Apex norms support it.
+        raise ConfigError("parallel.sequence_parallel: needs Transformer Engine (GPU) or Apex layer norms, "
+                          f"neither is usable here (device={dist.device.type}), got True")
     return get_gpt_layer_local_spec(normalization=config.model.normalization)
 
 
@@ -93,11 +102,14 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
     module: torch.nn.Module = gpt
     if m.precision != "fp32":
         module = Float16Module(tconfig, gpt)
+    # fp16 overflows are the dynamic loss scaler's job (it skips the step and lowers the scale): a NaN/Inf
+    # check on the raw gradients would stop the run on the first overflow instead.
+    check_grads = config.rerun.check_for_nan_in_loss and m.precision != "fp16"
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
-        check_for_nan_in_grad=config.rerun.check_for_nan_in_loss,
+        check_for_nan_in_grad=check_grads,
     )
     ddp = DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module)
     tconfig.finalize_model_grads_func = finalize_model_grads

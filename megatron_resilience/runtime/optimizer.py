@@ -35,6 +35,7 @@ def build_optimizer(config: PretrainConfig, model: list[torch.nn.Module]):
         fp16=m.precision == "fp16",
         params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[m.precision],
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        initial_loss_scale=2.0**16,  # fp16 only; Megatron's 2**32 default overflows for the first ~16 steps
     )
     optimizer = get_megatron_optimizer(mcore, model)
     get_model_config(model[0]).grad_scale_func = optimizer.scale_loss
