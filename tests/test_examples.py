@@ -141,16 +141,27 @@ def test_python_script_dryrun_renders_the_slurm_job(tmp_path):
 @pytest.mark.slow
 def test_notebook_executes_against_the_local_executor(tmp_path):
     """The login-node notebook, run top to bottom by nbclient with NB_EXECUTOR=local_ft (2 CPU ranks)."""
+    env = {"NB_EXECUTOR": "local_ft", "NB_GPUS_PER_NODE": "0", "NB_RANKS_PER_NODE": "2", "NB_MAX_STEPS": "8",
+           "NB_DIR": str(tmp_path / "runs"), "NEMORUN_HOME": str(tmp_path / "nemo_run_home")}
+    text = _execute_notebook(tmp_path, env)
+    assert "gpt_tiny 1 node(s) x 2 rank(s): 2 layers, hidden 64" in text
+    assert "rerun: validate_results | exit signal handler: True SIGTERM" in text
+    assert "#SBATCH --signal=SIGTERM@60" in text and "ft_launcher" in text
+    assert "state: SUCCEEDED" in text
+    assert "8 steps logged; loss " in text
+    assert "checkpoints: ['iter_0000002', 'iter_0000004', 'iter_0000006', 'iter_0000008']" in text
+
+
+def _execute_notebook(tmp_path, env: dict) -> str:
+    """Run the login-node notebook top to bottom with nbclient; returns the text of all outputs."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(os.path.join(EXAMPLES, "slurm_login_node.ipynb"), as_version=4)
-    env = {"NB_EXECUTOR": "local_ft", "NB_GPUS_PER_NODE": "0", "NB_RANKS_PER_NODE": "2", "NB_MAX_STEPS": "8",
-           "NB_DIR": str(tmp_path / "runs"), "NEMORUN_HOME": str(tmp_path / "nemo_run_home")}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3",
+        NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": str(tmp_path)}}).execute()
     finally:
         for k, v in saved.items():
@@ -158,11 +169,24 @@ def test_notebook_executes_against_the_local_executor(tmp_path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    text = "\n".join(o.get("text", "") or str(o.get("data", {}).get("text/plain", ""))
+    return "\n".join(o.get("text", "") or str(o.get("data", {}).get("text/plain", ""))
                      for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_notebook_submits_to_the_real_local_slurm_cluster(tmp_path):
+    """The same notebook with NB_EXECUTOR=slurm: sbatch through a LocalTunnel, status from sacct, logs, metrics."""
+    from slurm.cluster import start_cluster
+
+    cluster = start_cluster()  # the tests/slurm session fixture's cluster (idempotent: starts it if needed)
+    env = {"NB_EXECUTOR": "slurm", "NB_ACCOUNT": cluster.account, "NB_PARTITION": cluster.partition,
+           "NB_NODES": "1", "NB_GPUS_PER_NODE": "0", "NB_RANKS_PER_NODE": "2", "NB_TIME": "00:05:00",
+           "NB_MAX_STEPS": "8", "NB_DIR": str(tmp_path / "runs"), "NEMORUN_HOME": str(tmp_path / "nrhome"),
+           "PATH": cluster.env["PATH"]}
+    text = _execute_notebook(tmp_path, env)
     assert "gpt_tiny 1 node(s) x 2 rank(s): 2 layers, hidden 64" in text
-    assert "rerun: validate_results | exit signal handler: True SIGTERM" in text
-    assert "#SBATCH --signal=SIGTERM@60" in text and "ft_launcher" in text
-    assert "state: SUCCEEDED" in text
+    assert f"#SBATCH --partition={cluster.partition}" in text and "#SBATCH --signal=SIGTERM@60" in text
+    assert "state: SUCCEEDED" in text, text[-4000:]
     assert "8 steps logged; loss " in text
     assert "checkpoints: ['iter_0000002', 'iter_0000004', 'iter_0000006', 'iter_0000008']" in text
