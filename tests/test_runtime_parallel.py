@@ -188,3 +188,51 @@ def test_sampler_resumes_exactly_and_splits_the_global_batch():
     straight = take(0, 1, 6)
     assert take(8, 1, 4) == straight[2:]  # resume after step 1 (8 samples consumed)
     assert take(96, 0, 2) == [[96, 97], [0, 1]]  # wraps around a short dataset
+
+
+CPU_COMPAT_PROBE = r"""
+import json, torch
+from megatron.core import tensor_parallel
+from megatron_resilience.runtime import cpu_compat
+
+assert not cpu_compat.is_installed()
+cpu_compat.install()
+cpu_compat.install()  # idempotent
+out = {
+    "empty_cuda": str(torch.empty(2, device="cuda").device),
+    "zeros_index": str(torch.zeros(2, device=torch.cuda.current_device()).device),
+    "dot_cuda": str(torch.ones(2).cuda().device),
+    "to_cuda": str(torch.ones(2).to("cuda:0").device),
+    "type": torch.ones(2).type(),
+    "stream": torch.cuda.current_stream().query(),
+}
+torch.manual_seed(7)
+state = torch.cuda.get_rng_state()
+out["rng_is_cpu"] = bool(torch.equal(state, torch.get_rng_state()))
+tracker = tensor_parallel.get_cuda_rng_tracker()
+tracker.add("model-parallel-rng", 123)
+saved = cpu_compat.get_rng_tracker_states()
+with tracker.fork():
+    a = torch.rand(3)
+cpu_compat.set_rng_tracker_states(saved)
+with tracker.fork():
+    b = torch.rand(3)
+out["tracker_replays"] = bool(torch.equal(a, b))
+out["default_untouched"] = bool(torch.equal(torch.get_rng_state(), state))
+print(json.dumps(out))
+"""
+
+
+def test_cpu_compat_maps_cuda_to_cpu_and_keeps_rng_state_real():
+    """In a fresh process (the patches are process-wide): CUDA requests land on CPU; RNG states are real."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", CPU_COMPAT_PROBE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "empty_cuda": "cpu", "zeros_index": "cpu", "dot_cuda": "cpu", "to_cuda": "cpu",
+        "type": "torch.cuda.FloatTensor",  # what Megatron's optimizer and clip_grads assert
+        "stream": True, "rng_is_cpu": True, "tracker_replays": True, "default_untouched": True,
+    }
