@@ -13,7 +13,11 @@ asserts on its own run; nothing is mocked (only the GPU is absent).
 - TP=2: reproduces the reference curve (bitwise at step 1, within 1e-5 after: CPU initialisation splits one
   matrix; only the order of float sums differs);
 - PP=2 (1F1B over 2 micro-batches, ``log_interval=5``): loss falls; exactly 10 records;
-- ``train.exit_duration_in_mins`` tiny: stops after step 1 with reason "duration".
+- ``train.exit_duration_in_mins`` tiny: stops after step 1 with reason "duration";
+- TP=2 in a 1-process world: exits non-zero with the config error naming the keys.
+
+Without processes: the batch sampler's resume arithmetic, and (in a fresh subprocess) what
+``cpu_compat`` maps to CPU and that RNG tracker states round-trip through it.
 """
 
 from __future__ import annotations
