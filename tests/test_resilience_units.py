@@ -58,6 +58,34 @@ def test_dataloader_workers_ignore_the_exit_signal():
         signal.signal(signal.SIGUSR2, old)
 
 
+class _SignalsItself:
+    """A dataset whose worker receives the exit signal (as Slurm's signal to the whole process tree would)."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        os.kill(os.getpid(), signal.SIGUSR2)
+        return i
+
+
+@pytest.mark.parametrize("for_dataloader", [True, False])
+def test_dataloader_workers_survive_the_exit_signal_only_when_asked(tmp_path, for_dataloader):
+    import torch
+
+    config = PretrainConfig(run_dir=str(tmp_path), train=TrainingConfig(
+        exit_signal_handler=True, exit_signal="SIGUSR2", exit_signal_handler_for_dataloader=for_dataloader))
+    hooks = build_hooks(config, rank=0, world_size=1)
+    loader = torch.utils.data.DataLoader(_SignalsItself(), batch_size=2, num_workers=1,
+                                         worker_init_fn=hooks.dataloader_worker_init,
+                                         multiprocessing_context="fork")
+    if for_dataloader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    else:
+        with pytest.raises(RuntimeError, match="DataLoader worker .* (killed|exited unexpectedly)"):
+            list(loader)
+
+
 def test_hooks_signal_stop_reason_single_process(tmp_path):
     config = PretrainConfig(run_dir=str(tmp_path), train=TrainingConfig(exit_signal_handler=True,
                                                                       exit_signal="SIGUSR1"))

@@ -75,13 +75,12 @@ class ResilienceHooks(TrainingHooks):
         self.straggler.start()
         self.fault.arm(state.step)
 
-    @property
-    def dataloader_worker_init_fn(self) -> Callable[[int], None] | None:
-        """For torch DataLoader(worker_init_fn=...) when train.exit_signal_handler_for_dataloader is set."""
+    def dataloader_worker_init(self, worker_id: int) -> None:
+        """In each DataLoader worker: with train.exit_signal_handler_for_dataloader, ignore the exit signal so
+        Slurm's signal to the whole process tree does not kill the workers before the main process has saved."""
         train = self.config.train
         if train.exit_signal_handler and train.exit_signal_handler_for_dataloader:
-            return DataloaderWorkerInit(train.exit_signal)
-        return None
+            DataloaderWorkerInit(train.exit_signal)(worker_id)
 
     # --- steps ----------------------------------------------------------------------------------------------
 

@@ -157,8 +157,9 @@ def format_report(report: Any, *, step: int, top: int) -> list[str]:
 
 
 def _busy(seconds: float) -> None:
-    """Burn CPU (not sleep): a slow device computes, it does not idle."""
-    end = time.perf_counter() + seconds
+    """Burn ``seconds`` of this thread's CPU time (not wall time): a slow device needs more compute for the same
+    work, however busy the machine is."""
+    end = time.thread_time() + seconds
     x = 0
-    while time.perf_counter() < end:
+    while time.thread_time() < end:
         x += 1

@@ -93,25 +93,31 @@ class Run:
 
 
 def write_ft_yaml(path: Path, timeouts: dict[str, float], *, safety_factor: float = 5.0,
-                  check_interval: float = 1.0) -> None:
+                  check_interval: float = 1.0, heartbeats: tuple[float, float] | None = None) -> None:
+    """Sections mode: section timeouts, heartbeat timeouts null. Heartbeats mode: the reverse (as the plugin does)."""
     t = {**DEFAULT_TIMEOUTS, **timeouts}
-    path.write_text(
-        "fault_tolerance:\n"
-        "  initial_rank_heartbeat_timeout: null\n"
-        "  rank_heartbeat_timeout: null\n"
-        f"  rank_section_timeouts: {{setup: {t['setup']}, step: {t['step']}, checkpointing: {t['checkpointing']}}}\n"
-        f"  rank_out_of_section_timeout: {t['out_of_section']}\n"
-        f"  workload_check_interval: {check_interval}\n"
-        f"  safety_factor: {safety_factor}\n"
-        "  enable_nic_monitor: false\n")
+    if heartbeats is None:
+        body = ("  initial_rank_heartbeat_timeout: null\n"
+                "  rank_heartbeat_timeout: null\n"
+                f"  rank_section_timeouts: {{setup: {t['setup']}, step: {t['step']}, "
+                f"checkpointing: {t['checkpointing']}}}\n"
+                f"  rank_out_of_section_timeout: {t['out_of_section']}\n")
+    else:
+        body = (f"  initial_rank_heartbeat_timeout: {heartbeats[0]}\n"
+                f"  rank_heartbeat_timeout: {heartbeats[1]}\n"
+                "  rank_section_timeouts: {}\n"
+                "  rank_out_of_section_timeout: null\n")
+    path.write_text("fault_tolerance:\n" + body + f"  workload_check_interval: {check_interval}\n"
+                    f"  safety_factor: {safety_factor}\n  enable_nic_monitor: false\n")
 
 
 def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeouts: dict | None = None,
-           safety_factor: float = 5.0, fake_cupti: bool = False, module: str = "megatron_resilience") -> Run:
+           safety_factor: float = 5.0, fake_cupti: bool = False, heartbeats: tuple[float, float] | None = None,
+           module: str = "megatron_resilience") -> Run:
     """Start ``ft_launcher --nproc-per-node=2 ... -m megatron_resilience run_dir=... <overrides>`` (not waiting)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
-    write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor)
+    write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor, heartbeats=heartbeats)
     env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1")
     if fake_cupti:

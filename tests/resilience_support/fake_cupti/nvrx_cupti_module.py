@@ -3,7 +3,7 @@ libcupti and cannot load on this CPU-only machine. Only this extension is replac
 report generation, scoring and our integration run unchanged.
 
 CUPTI times the GPU kernels a rank runs between ``start()`` and ``stop()``. On CPU the closest honest measure
-of "this rank's own compute" is the process CPU time over the same window: time spent blocked in a gloo
+of "this rank's own compute" is the CPU time of the profiling (main) thread over the same window: time spent blocked in a gloo
 collective waiting for a slower peer is not CPU time, just as waiting is not kernel time on a GPU. It is
 reported as one "kernel" so the Detector's GPU performance scores are computed from it.
 """
@@ -36,11 +36,11 @@ class CuptiProfiler:
         self.samples.clear()
 
     def start(self):
-        self.started_at = time.process_time()
+        self.started_at = time.thread_time()
 
     def stop(self):
         if self.started_at is not None:
-            self.samples.append((time.process_time() - self.started_at) * 1e3)
+            self.samples.append((time.thread_time() - self.started_at) * 1e3)
             self.samples = self.samples[-self.max_len:]
             self.started_at = None
 
