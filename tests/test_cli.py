@@ -181,3 +181,11 @@ def test_bad_executor_and_plugin_overrides_fail_with_a_clear_message(args, messa
     code, out, err = nemo("--factory", "gpt_126m", "--dryrun", *args)
     assert code == 1
     assert err.startswith(message), err
+
+
+def test_python_dash_m_runs_the_same_command_without_the_nemo_script(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "megatron_resilience.recipes.cli", "pretrain", "--factory",
+                           f"gpt_tiny(dir={tmp_path})", "train.max_steps=3", "--dryrun"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert config_lines(proc.stdout)["train.max_steps"] == "3"
