@@ -94,11 +94,19 @@ def _run(*cmd: str) -> str:
 
 
 def job_info(job_id: str) -> dict[str, str]:
-    """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, ...); {} once Slurm forgot the job."""
+    """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, ...).
+
+    slurmctld forgets a job ``MinJobAge`` (300 s) after it ended; then JobState, ExitCode and Restarts
+    come from the accounting records (one per run).
+    """
     proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
+    if proc.returncode == 0 and "JobState=" in proc.stdout:
+        return dict(item.split("=", 1) for item in proc.stdout.split() if "=" in item)
+    runs = attempts(job_id)
+    if not runs:
         return {}
-    return dict(item.split("=", 1) for item in proc.stdout.split() if "=" in item)
+    return {"JobId": str(job_id), "JobState": runs[-1]["State"].split()[0], "ExitCode": runs[-1]["ExitCode"],
+            "Restarts": str(len(runs) - 1)}
 
 
 def attempts(job_id: str) -> list[dict[str, str]]:

@@ -1,0 +1,118 @@
+"""Submit the real trainer to the local cluster through NeMo-Run, and read back what happened.
+
+A ``Job`` is one ``run.Experiment`` with one task, submitted detached through a ``SlurmExecutor``
+with a ``LocalTunnel`` (as on a login node). Everything asserted comes from the real artefacts:
+Slurm's records (``scontrol``, ``sacct``), nemo_run's log files, the trainer's ``metrics.jsonl``,
+``stop_reason.json`` and checkpoint folders.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from slurm.cluster import SlurmCluster, attempts, job_info
+
+_TICK_PROBE = 'trap "exit 0" USR1; while true; do sleep 0.1; done'
+
+
+@dataclass
+class Job:
+    name: str
+    exp_id: str
+    slurm_id: str
+    job_dir: str  # nemo_run's job directory: sbatch script, sbatch_*.out, log-*_<id>_<restart>.out
+    run_dir: str  # the trainer's run directory: metrics.jsonl, stop_reason.json, checkpoints/
+
+    def info(self) -> dict[str, str]:
+        return job_info(self.slurm_id)
+
+    def attempts(self) -> list[dict[str, str]]:
+        return attempts(self.slurm_id)
+
+    def log(self) -> str:
+        files = sorted(glob.glob(os.path.join(self.job_dir, "*.out")))
+        return "".join(f"\n==> {os.path.basename(p)} <==\n" + open(p, errors="replace").read() for p in files)
+
+    def records(self) -> list[dict[str, Any]]:
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def losses(self) -> dict[int, float]:
+        """Per-step training loss; a step re-run after a restart keeps its last value."""
+        return {r["step"]: r["loss"] for r in self.records() if r.get("kind") == "train"}
+
+    def starts(self) -> list[int]:
+        """The step each (re)start of the trainer began from."""
+        return [r["step"] for r in self.records() if r.get("kind") == "start"]
+
+    def last_step(self) -> int:
+        steps = [r["step"] for r in self.records() if r.get("kind") == "train"]
+        return max(steps, default=0)
+
+    def checkpoint_steps(self) -> list[int]:
+        folder = os.path.join(self.run_dir, "checkpoints")
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"iter_(\d+)", n)))
+
+    def stop_reason(self) -> dict[str, Any]:
+        with open(os.path.join(self.run_dir, "stop_reason.json")) as f:
+            return json.load(f)
+
+    def describe(self) -> str:
+        """For assertion messages: Slurm's view and the log's tail."""
+        return f"{self.name} (job {self.slurm_id}): {self.info()}\n{self.attempts()}\n{self.log()[-6000:]}"
+
+
+def submit(name: str, task: Any, executor: Any, plugins: list[Any] = (), *, run_dir: str) -> Job:
+    """``run.Experiment`` + ``exp.add`` + ``exp.run(detach=True)``, as a notebook user would."""
+    from megatron_resilience.upstream import import_nemo_run
+
+    run = import_nemo_run()
+    with run.Experiment(name, executor=executor) as exp:
+        exp.add(task, executor=executor, plugins=list(plugins), name=name)
+        exp.run(detach=True)
+    job = exp.jobs[0]
+    handle = job.handle
+    assert handle, f"{name}: not submitted"
+    return Job(name=name, exp_id=exp._id, slurm_id=handle.rstrip("/").rsplit("/", 1)[-1],
+               job_dir=job.executor.job_dir, run_dir=run_dir)
+
+
+def tick_probe(cluster: SlurmCluster) -> str:
+    """A job that ends at slurmctld's next 30 s limit/signal tick (it exits on its own warning signal).
+
+    slurmctld sends ``--signal`` warnings and enforces limits only on that fixed tick, so a job that
+    depends on this one (``afterany``) starts right after a tick and gets its ``--time=1`` warning
+    signal about 30 s later, not anywhere between 0 and 30 s.
+    """
+    out = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={cluster.partition}", f"--account={cluster.account}",
+         "--job-name=tick-probe", "--time=1", "--signal=B:USR1@59", "--output=/dev/null", "--wrap", _TICK_PROBE],
+        capture_output=True, text=True, check=True, env=cluster.env)
+    return out.stdout.strip().split(";")[0]
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.25, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def scancel_signal(job: Job, signal: str = "SIGTERM") -> float:
+    """``scancel -s SIG``: Slurm signals the job's steps (not the batch shell), like ``--signal`` without ``B:``."""
+    subprocess.run(["scancel", "-s", signal, job.slurm_id], check=True, capture_output=True)
+    return time.time()
