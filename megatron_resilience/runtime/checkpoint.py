@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -62,9 +63,15 @@ class _Prewarm:
     def start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=upstream.prewarm_checkpoint_writer,
-                                                name="ckpt-writer-prewarm", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="ckpt-writer-prewarm", daemon=True)
                 self._thread.start()
+
+    @staticmethod
+    def _run() -> None:
+        try:
+            upstream.prewarm_checkpoint_writer()
+        except Exception:  # noqa: BLE001 - e.g. the process exits during setup; the first save retries
+            log.debug("checkpoint: writer prewarm failed", exc_info=True)
 
     def join(self) -> float:
         """Wait until the writer is ready; returns the seconds waited."""
@@ -128,8 +135,9 @@ class CheckpointManager:
         candidates = layout.complete_checkpoints(root) if _rank() == 0 else None
         candidates = _broadcast_object(candidates)
         if not candidates:
-            if _rank() == 0:
-                log.info("checkpoint: no complete checkpoint under %s; starting from step 0", root)
+            if _rank() == 0:  # an explicit checkpoint.load with nothing in it is likely a mistake: say so louder
+                log.log(logging.WARNING if self.config.load else logging.INFO,
+                        "checkpoint: no complete checkpoint under %s; starting from step 0", root)
             return False
         for step in candidates:
             path = os.path.join(root, layout.iter_dir_name(step))
@@ -186,9 +194,8 @@ class CheckpointManager:
             self._queue().schedule_async_request(request)
             self._pending.append((step, tmp, start))
         self.last_save_seconds = time.perf_counter() - start
-        if _rank() == 0:
-            kind = "scheduled async save of" if request is not None else "saved"
-            log.info("checkpoint: %s step %d in %.3f s", kind, step, self.last_save_seconds)
+        if _rank() == 0 and request is not None:  # a sync save already logged "committed ..."
+            log.info("checkpoint: scheduled async save of step %d in %.3f s", step, self.last_save_seconds)
 
     def maybe_finalize(self, *, blocking: bool = False) -> list[int]:
         """Commit async saves whose writes finished on all ranks; returns their steps. Collective."""
@@ -252,5 +259,7 @@ class CheckpointManager:
             loaded = dist_checkpointing.load(template, path)
             checkpoint_state.apply_loaded(state, loaded)
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure: fall back to the previous one
-            return f"{type(err).__name__}: {err}"
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            log.debug("checkpoint: loading %s failed", path, exc_info=True)
+            return f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})"
         return None

@@ -131,9 +131,51 @@ def build_sharded_state_dict(state: TrainState, *, is_loading: bool,
     return sharded
 
 
+# Megatron's DistributedOptimizer without Transformer Engine or Apex (CPU, or a bare GPU install) wraps
+# torch.optim.Adam(W), and two of its checkpoint paths assume the fused optimizers' behaviour:
+# - ``state_dict()`` asserts one common ``step`` over the per-parameter states, which torch's Adam only
+#   creates at the first step: building the loading template fails on a fresh optimizer;
+# - ``load_state_dict()`` gives every parameter the SAME ``step`` tensor, which torch's Adam increments in
+#   place once per parameter; and its dp_reshardable parameter state then copies the template's placeholder
+#   step over the loaded one. The step saved in the param groups is the true one: it is restored per parameter.
+
+
+def _torch_adams_in_distributed_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    adams = (torch.optim.Adam, torch.optim.AdamW)
+    return [opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer])
+            if isinstance(opt, DistributedOptimizer) and isinstance(opt.optimizer, adams)]
+
+
+def _ensure_adam_step_state(optimizer: Any) -> None:
+    """Placeholder state (zeros, step 0) so ``state_dict()`` works before step 1; the checkpoint overwrites it."""
+    for inner in _torch_adams_in_distributed_optimizers(optimizer):
+        for group in inner.param_groups:
+            for param in group["params"]:
+                slot = inner.state[param]
+                if "step" not in slot:
+                    slot.setdefault("exp_avg", torch.zeros_like(param.data))
+                    slot.setdefault("exp_avg_sq", torch.zeros_like(param.data))
+                    slot["step"] = torch.tensor(0.0)
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """Each parameter's own ``step`` tensor, set to the step saved in its param group."""
+    for inner in _torch_adams_in_distributed_optimizers(optimizer):
+        for group in inner.param_groups:
+            for param in group["params"]:
+                slot = inner.state[param]
+                if group.get("step") is not None:
+                    slot["step"] = torch.tensor(float(group["step"]))
+                elif torch.is_tensor(slot.get("step")):
+                    slot["step"] = slot["step"].clone()
+
+
 def loading_template(state: TrainState, saved_metadata: dict[str, Any] | None, *,
                      saved_world_size: int) -> dict[str, Any]:
     """What to ask dist_checkpointing for: everything, minus the RNG shards when the world size changed."""
+    _ensure_adam_step_state(state.optimizer)
     metadata = {k: v for k, v in (saved_metadata or {}).items() if k in SHARDING_METADATA} or None
     template = build_sharded_state_dict(state, is_loading=True, metadata=metadata)
     for key in ("step", "consumed_samples", "scheduler", "extra", "world_size"):
@@ -147,7 +189,9 @@ def apply_loaded(state: TrainState, loaded: dict[str, Any]) -> None:
     """Copy a loaded state dict into the live model, optimizer, scheduler, RNG and counters."""
     for key, chunk in zip(_model_keys(state), state.model):
         unwrap(chunk).load_state_dict(loaded[key], strict=True)
-    state.optimizer.load_state_dict(loaded["optimizer"])
+    with torch.no_grad():  # DistributedOptimizer copies into views of fp32 params that require grad
+        state.optimizer.load_state_dict(loaded["optimizer"])
+    _restore_adam_steps(state.optimizer)
     state.scheduler.load_state_dict(loaded["scheduler"])
     state.step = int(loaded["step"])
     state.consumed_samples = int(loaded["consumed_samples"])
