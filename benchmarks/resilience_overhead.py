@@ -213,7 +213,10 @@ def main() -> None:
     parser.add_argument("--skip-recovery", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="resilience_bench_"))
+    load_before = os.getloadavg()[0]
     measured = measure_overhead(root, args.blocks, args.block_steps)
+    print(f"\nmachine: {os.cpu_count()} CPUs, load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after "
+          "the overhead run (other processes compete for the same cores)")
     wall, cpu = measured["wall"], measured["cpu"]
     print(f"\nPer-step overhead, one run, 2 CPU ranks, tiny GPT; {args.blocks} rounds, each running every mode for "
           f"{args.block_steps} steps back to back. Per round: ratio and difference to that round's `off` block; "

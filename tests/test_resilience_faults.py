@@ -124,11 +124,19 @@ def _exhausted(root):
     return run
 
 
+def _no_launcher(root):
+    from conftest import start_torchrun
+
+    run_dir = root / "no_launcher"
+    return start_torchrun(2, [f"run_dir={run_dir}", "train.max_steps=3", "ft.enabled=true",
+                              "ft.calc_ft_timeouts=true"]).wait(WAIT)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resilience")
     jobs = {"reference": _reference, "killed": _killed, "preempted": _preempted, "straggler": _straggler,
-            "hung_step": _hung_step, "heartbeats": _heartbeats, "hung_ckpt": _hung_checkpoint, "rerun_17": lambda r: _rerun(r, "transient_error"),
+            "hung_step": _hung_step, "heartbeats": _heartbeats, "no_launcher": _no_launcher, "hung_ckpt": _hung_checkpoint, "rerun_17": lambda r: _rerun(r, "transient_error"),
             "rerun_16": lambda r: _rerun(r, "persistent_error"), "exhausted": _exhausted}
     pool = ThreadPoolExecutor(max_workers=5)
     futures = {name: pool.submit(fn, root) for name, fn in jobs.items()}
@@ -296,11 +304,22 @@ def test_8_in_job_restarts_exhausted_launcher_exits_nonzero_and_says_why(runs):
     assert not (run.run_dir / "stop_reason.json").exists()
 
 
+def test_ft_enabled_without_ft_launcher_logs_one_line_and_trains(runs):
+    proc = _get(runs, "no_launcher")  # plain torchrun: no rank monitors
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.count("not started by ft_launcher") == 1
+    assert "ft.enabled=true but this process was not started by ft_launcher (FT_RANK_MONITOR_IPC_SOCKET is not " \
+           "set): hang detection is off for this run" in proc.stdout
+    assert "training ended: reason=finished step=3" in proc.stdout
+
+
 def test_wall_times(runs, capsys):
     """Not an assertion on speed (that is the benchmark's job): prints each launch's wall time for the report."""
     with capsys.disabled():
         for name in runs:
             result = _get(runs, name)
+            if not isinstance(result, (Run, tuple)):
+                continue  # torchrun CompletedProcess
             for run in result if isinstance(result, tuple) else (result,):
                 print(f"\n  {name:10s} rc={run.returncode} wall={run.wall:.1f}s", end="")
         print()

@@ -63,8 +63,9 @@ class FaultTolerance:
     def start(self) -> None:
         """Connect to this rank's monitor and open ``setup``. Before torch.distributed is initialised."""
         if not os.environ.get(RANK_MONITOR_SOCKET_ENV):
-            self.log.warning("ft.enabled=true but this process was not started by ft_launcher "
-                             f"({RANK_MONITOR_SOCKET_ENV} is not set): hang detection is off for this run")
+            if self.rank == 0:  # one line per job, not per rank
+                self.log.warning("ft.enabled=true but this process was not started by ft_launcher "
+                                 f"({RANK_MONITOR_SOCKET_ENV} is not set): hang detection is off for this run")
             return
         ft = upstream.import_fault_tolerance()
         client = ft.RankMonitorClient()
