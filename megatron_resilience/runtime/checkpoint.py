@@ -96,7 +96,10 @@ def _broadcast_object(obj: Any) -> Any:
 
 
 def _all_ok(ok: bool) -> bool:
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    """True on every rank iff ``ok`` on every rank (NCCL needs the flag on the GPU, gloo on the CPU)."""
+    nccl = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
     return bool(flag.item())
 
