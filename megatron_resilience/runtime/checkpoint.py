@@ -31,6 +31,7 @@ everywhere: at the next save, :meth:`maybe_finalize` or :meth:`finalize`.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -65,6 +66,14 @@ class _Prewarm:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ckpt-writer-prewarm", daemon=True)
                 self._thread.start()
+                # A process that fails during setup exits while the thread may still be starting the Manager:
+                # multiprocessing's exit handler would then wait forever for a Manager whose shutdown was not
+                # registered yet. Registered after multiprocessing's, this handler runs before it.
+                atexit.register(self._join_at_exit)
+
+    def _join_at_exit(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=120)
 
     @staticmethod
     def _run() -> None:
