@@ -8,6 +8,7 @@ here and nowhere else. Importing this module never imports torch or megatron.
 from __future__ import annotations
 
 import importlib
+import os
 import importlib.metadata
 import sys
 from types import ModuleType
@@ -209,6 +210,49 @@ def prewarm_checkpoint_writer() -> None:
         return
     from torch.distributed.checkpoint.storage import WriteResult
 
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = _start_signal_proof_results_queue()
     queue = getter()
     queue.put(WriteResult)  # pickled by name: the server process imports torch.distributed.checkpoint
     queue.get()
+
+
+_RESULTS_MANAGER = None  # keeps the Manager (and its server process) alive for the life of the rank
+
+
+def _start_signal_proof_results_queue():
+    """The write-results queue of dist_checkpointing, served by a Manager that survives a preemption signal.
+
+    torchrun and ft_launcher forward SIGTERM with ``os.killpg`` to each rank's
+    process group, which also holds the spawned Manager process megatron-core
+    starts for the queue. With default signal handling the Manager died on the
+    preemption signal and the checkpoint the signal asked for failed
+    (``ConnectionRefusedError`` in ``write_preloaded_data_multiproc``). Our server
+    ignores SIGTERM/SIGINT and exits by itself once its rank is gone.
+    """
+    global _RESULTS_MANAGER
+    from multiprocessing.managers import SyncManager
+
+    from torch import multiprocessing as mp
+
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager.start(initializer=_results_server_init, initargs=(os.getpid(),))
+    _RESULTS_MANAGER = manager
+    return manager.Queue()
+
+
+def _results_server_init(rank_pid: int) -> None:
+    """Runs in the Manager's server process: ignore termination signals, leave when the rank process is gone."""
+    import signal
+    import threading
+    import time
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+    def leave_with_the_rank() -> None:
+        while os.getppid() == rank_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=leave_with_the_rank, name="leave-with-rank", daemon=True).start()
