@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -22,7 +23,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def nemorun_home(tmp_path_factory, slurm_cluster: SlurmCluster) -> str:
+def slurm_tmp() -> str:
+    """A folder for this session's job directories and run directories, kept after the session for debugging.
+
+    Not pytest's tmp_path: pytest deletes all but the newest 3 base temp folders of the user, also those of
+    another pytest session still running, and Slurm jobs outlive the test that submitted them.
+    """
+    return tempfile.mkdtemp(prefix="mr-slurm-tests-")
+
+
+@pytest.fixture(scope="session")
+def nemorun_home(slurm_tmp, slurm_cluster: SlurmCluster) -> str:
     """A private NEMORUN_HOME for the session, so tests never touch the user's ~/.nemo_run.
 
     nemo_run reads NEMORUN_HOME once at import (and derives its job-directory registry from it then), and
@@ -30,7 +41,8 @@ def nemorun_home(tmp_path_factory, slurm_cluster: SlurmCluster) -> str:
     module-level values in this process.
     """
     # Not "nemo_run_home": nemo_run rewrites every "/nemo_run" in the sbatch script to the job's host directory.
-    home = str(tmp_path_factory.mktemp("nrhome"))
+    home = os.path.join(slurm_tmp, "nrhome")
+    os.makedirs(home, exist_ok=True)
     os.environ["NEMORUN_HOME"] = home
     from megatron_resilience.upstream import import_nemo_run
 

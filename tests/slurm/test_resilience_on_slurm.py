@@ -70,8 +70,8 @@ def _signal_when_training(job: Job, sent: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def jobs(slurm_cluster, nemorun_home, tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("slurm_runs"))
+def jobs(slurm_cluster, nemorun_home, slurm_tmp):
+    root = os.path.join(slurm_tmp, "runs")
     cluster = slurm_cluster
     js: dict[str, Job] = {}
     t0 = time.monotonic()
@@ -345,10 +345,11 @@ def test_6_experiment_from_id_status_and_logs(jobs, nemorun_home, slurm_cluster)
         "        exp.logs(job_id=name)\n"
     ).replace("EXPERIMENTS", repr([(js[n].exp_id, n) for n in ("ref", "script")]))
     env = {**slurm_cluster.env, "NEMORUN_HOME": nemorun_home, "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # nemo_run prints the log lines on stderr: one stream keeps them after their "LOGS <name>" line.
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=180, env=env, stdin=subprocess.DEVNULL)
     out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
     assert "STATUS {'ref': 'SUCCEEDED'}" in out and "STATUS {'script': 'SUCCEEDED'}" in out, out[-3000:]
     ref_logs, script_logs = out.split("LOGS ref", 1)[1].split("LOGS script", 1)
     assert f"step {STEPS}/{STEPS} | loss" in ref_logs, ref_logs[-3000:]
