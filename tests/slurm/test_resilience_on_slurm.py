@@ -194,6 +194,11 @@ CHECKPOINT_WRITER_KILLED = (
     "upstream.prewarm_checkpoint_writer / the first save), which dies, so the preemption checkpoint fails "
     "(ConnectionRefusedError in filesystem_async.write_preloaded_data_multiproc, iter_N.tmp left behind) and "
     "the requeued run restarts from the previous checkpoint")
+LEARNED_TIMEOUTS_TOO_TIGHT = (
+    "ft.calc_ft_timeouts learns section timeouts from the first run's fastest-ever steps (seen: step=0.85 s, "
+    "checkpointing=0.97 s) and the requeued run loads them from ft_state.json; when the machine gets busier, "
+    "ft_launcher kills the ranks as hung ('Section step has been open for 1.42 seconds. Timeout is 0.85 "
+    "seconds') and restarts them in the job")
 RETRIES_OFF_BY_ONE = (
     "FaultTolerancePlugin sets executor.retries = num_job_retries_on_failure, and nemo_run's FT sbatch template "
     "stops once `retries` runs failed, i.e. after num_job_retries_on_failure - 1 requeues; the last failed run "
@@ -216,7 +221,7 @@ def test_1a_time_limit_warning_reaches_every_rank_before_the_limit(jobs):
     assert finals["limit"]["JobState"] == "COMPLETED", limit.describe()
 
 
-@pytest.mark.xfail(reason=CHECKPOINT_WRITER_KILLED)
+@pytest.mark.xfail(reason=CHECKPOINT_WRITER_KILLED + "; " + LEARNED_TIMEOUTS_TOO_TIGHT)
 def test_1b_time_limit_checkpoint_requeue_resume_with_equal_losses(jobs):
     js, finals = jobs["jobs"], jobs["finals"]
     limit = js["limit"]
