@@ -6,8 +6,14 @@ What ``setup`` does (on nemo_run's clones of the task and executor, before anyth
 * executor.launcher: ``run.FaultTolerance`` with every FT field explicit (never nemo_run's all-None
   form, which renders ``--ignore-missing-fault-tol-cfg``, removed in nvidia-resiliency-ext 0.5) and
   ``max_restarts = num_in_job_restarts``; rendezvous settings of a user's torchrun launcher carried over;
-* executor.retries = ``num_job_retries_on_failure`` (nemo_run's FT sbatch teardown requeues a failed
-  job until that many attempts failed);
+* SlurmExecutor: executor.retries = ``num_job_retries_on_failure + 1``. It only becomes
+  ``TORCHX_MAX_RETRIES`` in the sbatch script, and nemo_run's FT teardown stops requeueing once that
+  many attempts *in a row* failed (0 = never requeue); so a job whose every attempt fails runs
+  ``1 + num_job_retries_on_failure`` times. A preempted attempt (exit 0, not finished) is recorded as a
+  success and breaks the row. (LocalExecutor: nemo_run has no job-level retries; executor.retries is left alone.)
+* SlurmExecutor: an EXIT trap (``EXIT_STATUS_BLOCK``) makes the batch script end with the job step's
+  exit code when the teardown does not requeue: nemo_run's teardown then falls off the end of the
+  script (exit 0), and Slurm would record the last failed attempt as COMPLETED;
 * the complete FT config, incl. section timeouts that nemo_run has no field for, as YAML that
   ft_launcher reads through ``PET_FT_CFG_PATH`` (see ``ft_config``);
 * nsys profiling requested on the launcher or the task is turned off, with a warning.
@@ -42,6 +48,35 @@ TERMINATION_SIGNALS = CATCHABLE_SIGNALS + ("SIGKILL",)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FT_CFG_BLOCK = "FaultTolerancePlugin ft_launcher config"
 PREEMPT_REQUEUE_BLOCK = "PreemptionPlugin requeue"  # nemo_run's FT teardown requeues instead (see preemption.py)
+EXIT_STATUS_BLOCK = "FaultTolerancePlugin exit status"
+
+
+def exit_status_block() -> str:
+    """sbatch lines: when nemo_run's FT teardown does not requeue, end the script with the step's exit code.
+
+    The teardown ends with ``if ! (finished || failures limit reached); then requeue; exit $exitcode; fi``:
+    when it does not requeue, the script falls off its end with status 0 and Slurm records the job
+    COMPLETED even after the last allowed attempt failed. The trap changes only that case (script
+    status 0, step status non-zero); a requeued attempt and a finished one (step exit 0) end as before.
+    The rerun state machine's exit 17 (touches the finished flag, never requeued) now ends FAILED too:
+    a result that failed validation is for a person to look at. The trap replaces an EXIT trap that a
+    user's ``setup_lines`` set before it (bash keeps one per signal).
+    ``exitcode`` is the variable nemo_run's script sets from the srun; set here so an inherited
+    environment variable of that name cannot leak in when the script exits before the srun.
+    """
+    return (
+        "# nemo_run's FT teardown falls off the end of this script (status 0) when it does not requeue; then end\n"
+        "# with the job step's exit code, so Slurm records a failed last attempt as FAILED, not COMPLETED\n"
+        "exitcode=0\n"
+        "megatron_resilience_exit_with_step_code() {\n"
+        "    local status=$?\n"
+        '    if [ "$status" = 0 ] && [ "$exitcode" != 0 ]; then\n'
+        '        echo "Not requeued: the batch script exits with the job step\'s exit code $exitcode"\n'
+        '        exit "$exitcode"\n'
+        "    fi\n"
+        "}\n"
+        "trap megatron_resilience_exit_with_step_code EXIT"
+    )
 
 
 @dataclass(kw_only=True)
@@ -114,16 +149,15 @@ class FaultTolerancePlugin(run.Plugin):
             self._check_ranks_per_node(executor)
         disable_nsys(executor, editor, NAME, "nsys would wrap ft_launcher and be restarted with it, and "
                      "signals and in-job restarts would not reach the training ranks")
-        if executor.retries != self.num_job_retries_on_failure:
-            log.info("%s: executor.retries: %r -> %r (num_job_retries_on_failure)", NAME, executor.retries,
-                     self.num_job_retries_on_failure)
-            executor.retries = self.num_job_retries_on_failure
+        if kind == "slurm":
+            self._set_retries(executor)
 
         yaml_text = ft_config.render_yaml(ft_config.ft_settings(self, mode))
         env = ft_cfg_path_env(version)
         if kind == "slurm":
             host_path, step_path = slurm_job_file(executor, f"{executor.job_name}_ft_cfg.yml")
             set_setup_block(executor, FT_CFG_BLOCK, ft_config.sbatch_block(host_path, yaml_text))
+            set_setup_block(executor, EXIT_STATUS_BLOCK, exit_status_block())
             set_setup_block(executor, PREEMPT_REQUEUE_BLOCK, None)
         else:
             from nemo_run.config import get_nemorun_home
@@ -187,6 +221,17 @@ class FaultTolerancePlugin(run.Plugin):
             carry.update({k: getattr(current, k) for k in (
                 "nsys_profile", "nsys_folder", "nsys_filename", "nsys_trace", "nsys_extra_args", "nsys_gpu_metrics")})
         return run.FaultTolerance(**carry, **wanted)
+
+    def _set_retries(self, executor: Any) -> None:
+        # nemo_run writes executor.retries into the sbatch script as TORCHX_MAX_RETRIES (nothing else reads it
+        # for a SlurmExecutor); its FT teardown stops requeueing once that many attempts in a row failed.
+        retries = self.num_job_retries_on_failure + 1
+        if executor.retries != retries:
+            log.info("%s: executor.retries: %r -> %r (num_job_retries_on_failure=%d: nemo_run's FT sbatch script "
+                     "stops requeueing once TORCHX_MAX_RETRIES=executor.retries attempts in a row failed, so a "
+                     "failing job runs 1 + %d times)", NAME, executor.retries, retries,
+                     self.num_job_retries_on_failure, self.num_job_retries_on_failure)
+            executor.retries = retries
 
     @staticmethod
     def _check_ranks_per_node(executor: Any) -> None:

@@ -161,3 +161,104 @@ def test_golden_scripts_are_valid_bash():
     for path in sorted(glob.glob(os.path.join(GOLDEN, "*.sh"))):
         proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
         assert proc.returncode == 0, f"{path}: {proc.stderr}"
+
+
+# --- FaultTolerancePlugin: the whole rendered sbatch script, attempt after attempt ----------------------------------
+# The script is rendered by ``preview`` (the plugins and nemo_run's own FT template) and run unchanged by bash.
+# Stubs stand in for what cannot run here: ``srun`` (the ft_launcher step: it fails, finishes or is preempted as
+# the plan says) and ``scontrol`` (records requeues). Each requeue starts the next attempt with
+# SLURM_RESTART_COUNT + 1, as Slurm does; the real-Slurm proof is tests/slurm (test_3b).
+
+SRUN_STUB = """#!/bin/bash
+case "$*" in *hostname*) echo 127.0.0.1; exit 0;; esac
+action=$(echo "$PLAN" | cut -d' ' -f$(( ${SLURM_RESTART_COUNT:-0} + 1 )))
+case "$action" in
+  fail) exit 1;;
+  finish) touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0;;
+  preempt) exit 0;;  # ft_launcher: every rank saved and exited 0 (stop_reason.json: exit_code 0, finished false)
+  rerun17) touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 17;;
+esac
+echo "no plan for attempt ${SLURM_RESTART_COUNT:-0}" >&2; exit 99
+"""
+
+
+def ft_script(tmp_path, retries: int) -> tuple[str, str]:
+    """(rendered sbatch script, job directory on the "cluster") for FT + preemption with ``retries``."""
+    from megatron_resilience.config import CheckpointConfig
+    from megatron_resilience.entry import pretrain
+    from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, preview
+    from megatron_resilience.upstream import import_nemo_run
+
+    run = import_nemo_run()
+    cluster = tmp_path / "cluster"
+    task = run.Partial(pretrain, run_dir=str(tmp_path / "run"),
+                       checkpoint=run.Config(CheckpointConfig, save=str(tmp_path / "run" / "ckpt")))
+    executor = run.SlurmExecutor(account="acct", partition="batch", nodes=1, ntasks_per_node=2, time="04:00:00",
+                                 tunnel=run.LocalTunnel(job_dir=str(cluster)))
+    script = preview(task, executor, [FaultTolerancePlugin(num_job_retries_on_failure=retries), PreemptionPlugin()],
+                     name="gpt")
+    job_dir = str(cluster / "gpt" / "gpt_preview" / "gpt")
+    os.makedirs(job_dir)
+    # preview masks torchrun's random rendezvous id as "<random>" (a redirection to bash): put a number back
+    return script.replace("--rdzv-id <random>", "--rdzv-id 1234"), job_dir
+
+
+def run_attempts(tmp_path, script: str, plan: str) -> list[tuple[int, list[str]]]:
+    """Run the batch script as Slurm would: again after each requeue. [(exit code, scontrol requeue calls)]."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN_STUB), ("scontrol", '#!/bin/bash\n'
+                                                         'case "$1" in show) echo localhost;; *) echo "$@" >> "$CALLS";; esac\n')):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    attempts: list[tuple[int, list[str]]] = []
+    for restart in range(len(plan.split())):
+        calls = tmp_path / f"calls_{restart}"
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "PLAN": plan, "CALLS": str(calls),
+               "SLURM_JOB_NODELIST": "localhost", **({"SLURM_RESTART_COUNT": str(restart)} if restart else {})}
+        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 99, proc.stderr
+        requeues = calls.read_text().splitlines() if calls.exists() else []
+        attempts.append((proc.returncode, requeues))
+        if not requeues:
+            break
+    return attempts
+
+
+REQUEUED = ["requeue 42"]
+
+
+# (num_job_retries_on_failure, what each attempt's step does) -> [(batch script exit code, scontrol calls)], job results
+@pytest.mark.parametrize("retries, plan, attempts, results", [
+    # every attempt fails: 1 + num_job_retries_on_failure attempts, the last one ends non-zero (Slurm: FAILED)
+    (2, "fail fail fail fail", [(1, REQUEUED), (1, REQUEUED), (1, [])], ["0 F", "1 F", "2 F"]),
+    (0, "fail fail", [(1, [])], ["0 F"]),
+    (0, "finish", [(0, [])], ["0 S"]),
+    (2, "fail finish", [(1, REQUEUED), (0, [])], ["0 F", "1 S"]),
+    # a preempted attempt (exit 0, not finished) is requeued and recorded as a success: no failure retry spent,
+    # even with none to spend, and the count of failures in a row starts again after it
+    (0, "preempt preempt finish", [(0, REQUEUED), (0, REQUEUED), (0, [])], ["0 S", "1 S", "2 S"]),
+    (0, "preempt fail fail", [(0, REQUEUED), (1, [])], ["0 S", "1 F"]),
+    (1, "fail preempt fail fail fail", [(1, REQUEUED), (0, REQUEUED), (1, REQUEUED), (1, [])],
+     ["0 F", "1 S", "2 F", "3 F"]),
+    # rerun state machine's exit 17 touches the finished flag: not requeued, and the job ends FAILED (exit 17)
+    (2, "rerun17 finish", [(17, [])], ["0 F"]),
+])
+def test_ft_job_attempts_requeues_and_final_exit_code(tmp_path, retries, plan, attempts, results):
+    script, job_dir = ft_script(tmp_path, retries)
+    assert f"export TORCHX_MAX_RETRIES={retries + 1}\n" in script
+    assert run_attempts(tmp_path, script, plan) == attempts
+    with open(os.path.join(job_dir, "gpt_job_results")) as f:
+        assert f.read().splitlines() == [f"42 {r}" for r in results]
+
+
+def test_ft_job_requeued_after_its_failure_limit_exits_1_without_running(tmp_path):
+    """A job requeued by hand (or by the scheduler) after its last allowed failure does not run again."""
+    script, job_dir = ft_script(tmp_path, 0)
+    attempts = run_attempts(tmp_path, script, "fail")
+    assert attempts == [(1, [])]
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "PLAN": "finish finish",
+           "CALLS": str(tmp_path / "calls_x"), "SLURM_RESTART_COUNT": "1"}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "Job failures limit reached (1)" in proc.stdout
+    assert not os.path.exists(os.path.join(job_dir, "gpt_finished_flag"))

@@ -56,7 +56,9 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
         "heartbeat timer); hangs are caught by the section timeouts setup=600.0 step=180.0 checkpointing=420.0 "
         "out-of-section=300.0",
         "FaultTolerancePlugin: executor.launcher: None -> ft_launcher (run.FaultTolerance)",
-        "FaultTolerancePlugin: executor.retries: 0 -> 2 (num_job_retries_on_failure)",
+        "FaultTolerancePlugin: executor.retries: 0 -> 3 (num_job_retries_on_failure=2: nemo_run's FT sbatch script "
+        "stops requeueing once TORCHX_MAX_RETRIES=executor.retries attempts in a row failed, so a failing job runs "
+        "1 + 2 times)",
         "FaultTolerancePlugin: ft_launcher rendered for nvidia-resiliency-ext 0.4.1 (installed nvidia-resiliency-ext); "
         "ft.mode=sections; FT config at /nemo_run/gpt_ft_cfg.yml",
         "PreemptionPlugin: task train.exit_signal_handler: False (default) -> True (enable_exit_handler)",
@@ -70,7 +72,7 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
     assert (launcher.max_restarts, launcher.workload_check_interval, launcher.rank_termination_signal,
             launcher.log_level, launcher.initial_rank_heartbeat_timeout, launcher.rank_heartbeat_timeout) == (
         3, 5.0, "SIGKILL", "INFO", None, None)
-    assert executor.retries == 2 and executor.signal == "SIGTERM@60"
+    assert executor.retries == 3 and executor.signal == "SIGTERM@60"
 
 
 def test_partial_user_values_are_overridden_with_a_log_line(tmp_path, caplog):
@@ -173,7 +175,8 @@ def test_local_executor(tmp_path, caplog):
     assert os.path.dirname(path) == str(tmp_path / "home" / "ft_configs")
     with open(path) as f:
         assert "    step: 77.0\n" in f.read()
-    assert isinstance(executor.launcher, run.FaultTolerance) and executor.retries == 2
+    # no job-level retries without a scheduler: executor.retries is left as it was
+    assert isinstance(executor.launcher, run.FaultTolerance) and executor.retries == 0
     assert fdl.build(task.train).exit_signal_handler is True
     assert ("PreemptionPlugin: LocalExecutor has no scheduler: no scheduler signal is configured; the trainer saves "
             "a checkpoint and exits 0 when it receives SIGTERM") in messages(caplog)

@@ -20,7 +20,7 @@ set -evx
 
 export PYTHONUNBUFFERED=1
 export SLURM_UNBUFFEREDIO=1
-export TORCHX_MAX_RETRIES=2
+export TORCHX_MAX_RETRIES=3
 
 set +e
 
@@ -50,6 +50,19 @@ fault_tolerance:
   log_level: INFO
 MEGATRON_RESILIENCE_FT_CFG
 # <<< megatron_resilience FaultTolerancePlugin ft_launcher config <<<
+# >>> megatron_resilience FaultTolerancePlugin exit status >>>
+# nemo_run's FT teardown falls off the end of this script (status 0) when it does not requeue; then end
+# with the job step's exit code, so Slurm records a failed last attempt as FAILED, not COMPLETED
+exitcode=0
+megatron_resilience_exit_with_step_code() {
+    local status=$?
+    if [ "$status" = 0 ] && [ "$exitcode" != 0 ]; then
+        echo "Not requeued: the batch script exits with the job step's exit code $exitcode"
+        exit "$exitcode"
+    fi
+}
+trap megatron_resilience_exit_with_step_code EXIT
+# <<< megatron_resilience FaultTolerancePlugin exit status <<<
 
 # This script uses experimental fault tolerance launcher
 # Fault tolerance related items
