@@ -188,21 +188,11 @@ def _assert_resumed_and_completed(job: Job, ref: Job, finals: dict, *, max_steps
 
 # Known bugs found by these tests (xfail, not strict: an XPASS in the summary means the fix landed; then
 # remove the marker). Reported with file, cause and fix in the Slurm helper's report.
-CHECKPOINT_WRITER_KILLED = (
-    "torchrun and ft_launcher forward SIGTERM with os.killpg to each rank's process group; that group also holds "
-    "megatron-core dist_checkpointing's spawned write-results Manager process (started by "
-    "upstream.prewarm_checkpoint_writer / the first save), which dies, so the preemption checkpoint fails "
-    "(ConnectionRefusedError in filesystem_async.write_preloaded_data_multiproc, iter_N.tmp left behind) and "
-    "the requeued run restarts from the previous checkpoint")
 LEARNED_TIMEOUTS_TOO_TIGHT = (
     "ft.calc_ft_timeouts learns section timeouts from the first run's fastest-ever steps (seen: step=0.85 s, "
     "checkpointing=0.97 s) and the requeued run loads them from ft_state.json; when the machine gets busier, "
     "ft_launcher kills the ranks as hung ('Section step has been open for 1.42 seconds. Timeout is 0.85 "
     "seconds') and restarts them in the job")
-RETRIES_OFF_BY_ONE = (
-    "FaultTolerancePlugin sets executor.retries = num_job_retries_on_failure, and nemo_run's FT sbatch template "
-    "stops once `retries` runs failed, i.e. after num_job_retries_on_failure - 1 requeues; the last failed run "
-    "also ends COMPLETED in Slurm (the template's tail exits 0 when it does not requeue)")
 
 
 # --- 1. a real 1-minute limit with preempt_time=30 ---------------------------------------------------------------
@@ -221,7 +211,7 @@ def test_1a_time_limit_warning_reaches_every_rank_before_the_limit(jobs):
     assert finals["limit"]["JobState"] == "COMPLETED", limit.describe()
 
 
-@pytest.mark.xfail(reason=CHECKPOINT_WRITER_KILLED + "; " + LEARNED_TIMEOUTS_TOO_TIGHT)
+@pytest.mark.xfail(reason=LEARNED_TIMEOUTS_TOO_TIGHT)
 def test_1b_time_limit_checkpoint_requeue_resume_with_equal_losses(jobs):
     js, finals = jobs["jobs"], jobs["finals"]
     limit = js["limit"]
@@ -248,9 +238,9 @@ def test_2a_scancel_sigterm_reaches_every_rank_of_each_task_form(jobs, name, ran
 
 
 @pytest.mark.parametrize("name, ref, ranks", [
-    pytest.param("script", "ref", 2, marks=pytest.mark.xfail(reason=CHECKPOINT_WRITER_KILLED)),
+    ("script", "ref", 2),
     ("inline", "ref_1rank", 1),
-    pytest.param("torchrun", "ref", 2, marks=pytest.mark.xfail(reason=CHECKPOINT_WRITER_KILLED)),
+    ("torchrun", "ref", 2),
 ], ids=list(TASK_FORMS))
 def test_2b_signalled_job_checkpoints_requeues_and_resumes_with_equal_losses(jobs, name, ref, ranks):
     _assert_resumed_and_completed(jobs["jobs"][name], jobs["jobs"][ref], jobs["finals"], max_steps=STEPS,
@@ -292,7 +282,6 @@ def test_3b_exhausted_in_job_restarts_are_requeued_then_the_job_stops(jobs):
     assert _job_results(job) == [f"{job.slurm_id} {n} F" for n in range(len(runs))], job.describe()
 
 
-@pytest.mark.xfail(reason=RETRIES_OFF_BY_ONE)
 def test_3b_retries_count_is_num_job_retries_on_failure_and_the_job_ends_failed(jobs):
     job = jobs["jobs"]["ft_exhausted"]
     # num_job_retries_on_failure=2: the first attempt and two requeues, each failing; Slurm says FAILED.
