@@ -4,14 +4,15 @@ This docstring is the documented table (the README copies it). "In-job" is
 ft_launcher restarting the worker group inside the Slurm job (``max_restarts``);
 "job level" is the teardown of nemo_run's fault-tolerance sbatch script, which
 runs ``scontrol requeue`` unless ``$FAULT_TOL_FINISHED_FLAG_FILE`` exists or the
-failure limit (``executor.retries`` = ``num_job_retries_on_failure``) is reached.
+failure limit is reached (``FaultTolerancePlugin`` sets ``executor.retries`` =
+``num_job_retries_on_failure + 1``: a job whose every attempt fails runs 1 + N times).
 
 | ending | trainer exit code | checkpoint | flag file | in-job (ft_launcher) | job level (sbatch) |
 |---|---|---|---|---|---|
 | finished (`train.max_steps` reached) | 0 | saved at the last step | touched by rank 0 | group succeeded, launcher exits 0 | not requeued |
 | stopped with a checkpoint: exit signal (preemption), `train.exit_duration_in_mins`, straggler with `stop_if_detected` | 0 | saved at the current step | not touched | group succeeded, launcher exits 0 | requeued; recorded as a success, so no failure retry is spent |
 | rerun: resume to disambiguate (`EXIT_CODE_RESUME_TO_DISAMBIGUATE`) | 16 | saved at the step before the suspicious one (or already there) | not touched | worker group restarted, resumes and re-runs the step | requeued (counts as a failure retry) |
-| rerun: failed on result validation (`EXIT_CODE_FAILED_ON_RESULT_VALIDATION`) | 17 | saved when the state machine asks for one | touched by rank 0, with the reason in `run_dir/stop_reason.json` | rank asks ft_launcher to shut down (`WorkloadAction.ShutdownWorkload`): no restart, launcher exits non-zero | not requeued |
+| rerun: failed on result validation (`EXIT_CODE_FAILED_ON_RESULT_VALIDATION`) | 17 | saved when the state machine asks for one | touched by rank 0, with the reason in `run_dir/stop_reason.json` | rank asks ft_launcher to shut down (`WorkloadAction.ShutdownWorkload`): no restart, launcher exits non-zero | not requeued; the job ends FAILED |
 | crash, killed or hung rank (detected by an FT timeout) | non-zero / signal | the last periodic one | not touched | worker group restarted up to `max_restarts`, then the launcher exits non-zero | requeued until the failure limit |
 
 Why 17 touches the flag file: nemo_run's sbatch template decides about the
