@@ -28,17 +28,22 @@ WAIT = 900  # per launch; generous: other suites load the same 2 cores (load ave
 
 
 def _reference(root):
-    run = launch(root / "reference", BASE + ["ft.calc_ft_timeouts=true"], max_restarts=0)
+    # A 300 s floor on learned timeouts: 5 x this run's longest step (~0.1 s; 10 s seen at load average 100; over
+    # 60 s the configured step timeout would have ended the run) learns far less, so the floor is what sticks.
+    run = launch(root / "reference", BASE + ["ft.calc_ft_timeouts=true", "ft.min_learned_timeout=300"],
+                 max_restarts=0)
     run.wait(WAIT)
     return run
 
 
 def _killed(root):
     # Learned timeouts: the save after step 20 has seen 19 step sections (>= 16), so ft_state.json holds a learned
-    # step timeout before the kill at step 25; safety factor 20 keeps it clear of load spikes on this machine.
+    # step timeout before the kill at step 25; safety factor 20 keeps it clear of load spikes on this machine,
+    # and a 0.5 s floor (default 60 s) leaves the learned values visible.
     run = launch(root / "killed", BASE + [
-        "ft.calc_ft_timeouts=true", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_killed",
-        "ft.simulated_fault_rank=1", "ft.simulated_fault_step=25"], max_restarts=1, safety_factor=20)
+        "ft.calc_ft_timeouts=true", "ft.min_learned_timeout=0.5", "ft.simulate_fault=true",
+        "ft.simulated_fault_type=rank_killed", "ft.simulated_fault_rank=1", "ft.simulated_fault_step=25"],
+        max_restarts=1, safety_factor=20)
     run.wait(WAIT)
     return run
 
@@ -171,9 +176,15 @@ def test_1_rank_killed_restarts_resumes_and_matches_uninterrupted_losses(runs):
 def test_4_learned_timeouts_persisted_in_ft_state_json_and_used_after_restart(runs):
     ref, run = _get(runs, "reference"), _get(runs, "killed")
     # Written: the uninterrupted run learned step and checkpointing timeouts (and out-of-section needs a resumed run).
+    # Its learned values are below ft.min_learned_timeout=300, which raised them (logged) before they were used.
     state = json.loads((ref.ckpt / "ft_state.json").read_text())["current_timeouts"]["section"]
     assert state["calculated_sections"] == ["checkpointing", "step"]
-    assert 0 < state["section"]["step"] < 60.0 and state["section"]["setup"] == 180.0
+    assert state["section"]["step"] == 300.0 and state["section"]["setup"] == 180.0  # setup: configured
+    assert state["section"]["checkpointing"] >= 300.0
+    raised = re.findall(r"FT: learned step timeout ([\d.]+) s raised to the floor ft\.min_learned_timeout=300 s",
+                        ref.log())
+    assert raised and all(0 < float(value) < 300.0 for value in raised)
+    assert "(learned: checkpointing, step)" in ref.log() and " step=300.00s " in ref.log()
     # Used after a restart: what was saved before the kill is what the restarted ranks connect with.
     log = run.log().splitlines()
     fault = next(i for i, line in enumerate(log) if "SIMULATED FAULT at" in line)
@@ -185,7 +196,7 @@ def test_4_learned_timeouts_persisted_in_ft_state_json_and_used_after_restart(ru
     connected = next(line for line in after[loaded:] if "FT: connected to the rank monitor" in line)
     assert _section_timeouts(connected) == _section_timeouts(saved[-1])
     step_timeout = float(re.search(r" step=([\d.]+)s", connected).group(1))
-    assert step_timeout < 60.0  # the launcher's configured step timeout is 60 s: the learned one replaced it
+    assert 0.5 < step_timeout < 60.0  # the launcher's configured step timeout is 60 s: the learned one replaced it
     # After the restart resumed from a checkpoint, setup and out-of-section are learned too.
     final = json.loads((run.ckpt / "ft_state.json").read_text())["current_timeouts"]["section"]
     assert final["calculated_sections"] == ["checkpointing", "setup", "step"]
@@ -218,7 +229,8 @@ def test_2b_heartbeat_mode_detects_a_hung_rank_and_learns_heartbeat_timeouts(run
     assert waited and "Section '" not in log
     assert "will restart worker group" in log and run.stop_reason()["reason"] == "finished"
     hb = json.loads((run.ckpt / "ft_state.json").read_text())["current_timeouts"]["heartbeat"]
-    assert hb["were_calculated"] is True and hb["initial"] > 0 and hb["subsequent"] > 0
+    # Learned (5 x the longest gap, a few seconds at most here) and raised to ft.min_learned_timeout (60 s default).
+    assert hb["were_calculated"] is True and hb["initial"] >= 60.0 and hb["subsequent"] >= 60.0
 
 
 def test_3_hang_inside_checkpointing_detected_by_the_checkpointing_timeout(runs):
@@ -277,6 +289,31 @@ def test_6_rerun_transient_error_exits_17_without_restart_and_persistent_exits_1
     assert f"setup: resumed at step {saved}" in log16  # the restart resumes from the checkpoint 16 asked for
     assert r16.returncode != 0 and not r16.flag.exists()  # 16: requeue (flag untouched)
     assert r16.stop_reason()["exit_code"] == 16
+
+    # The checkpoint carries the rerun state machine: the restart re-runs the suspicious step from it
+    # (RERUNNING_FROM_CHECKPOINT) on the data the step used (the sampler restarts at its first sample).
+    first, resumed = log16[:first16], log16[first16:]
+    iteration = int(re.search(r"Unexpected result \S+ on rank \d at iteration #(\d+)", first).group(1))
+    consumed = r16.train_records()[-1]["consumed_samples"]  # the restart trains no step: these are attempt 1's
+    assert sorted(r16.losses()) == list(range(1, saved + 1))
+    assert r16.losses() == r17.losses()  # same seed, same injection draw: the same steps, bitwise
+    assert "Getting RerunStateMachine state from checkpoint. Will rerun step." in resumed
+    assert f"checkpoint: rerun state machine restored (state WILL_RERUN_FROM_CHECKPOINT, iteration {iteration}, " \
+           "mode VALIDATE_RESULTS)" in resumed
+    assert f"setup: resumed at step {saved} (consumed_samples={consumed})" in resumed
+    assert "Injecting error" not in resumed  # the injected error is the restored one, not a new draw
+    # Attribution as Megatron-Core does it on one machine: a persistent error needs the re-run on ANOTHER
+    # node/GPU; rescheduled on the same node ("vm", device 0 under cpu_compat) it asks to resume again (16).
+    assert f"Got rescheduled on the same GPU. Need to resume again from the same checkpoint " \
+           f"(node: {os.uname()[1]}, gpu: 0)" in resumed
+    assert "Need to restart job from the same checkpoint because it was scheduled on the same node/GPU" in resumed
+    assert "Exiting now. Please resume the job from the same checkpoint to rerun the last iteration and " \
+           "establish a diagnostic" in resumed
+    assert "Second rerun:" not in log16 and "Possible persistent error" not in log16
+    assert log16.count(f"rerun state machine: exiting with code 16 at step {saved + 1}") == 2
+    assert log16.count("(rerun state machine, exit code 16)") == 1  # the second 16 keeps the first checkpoint
+    assert "failed (exitcode: 16)" in resumed[resumed.index("Got rescheduled on the same GPU"):]  # 16 again
+    assert r16.checkpoint_steps()[-1] == saved
 
 
 def test_7_slowed_rank_named_in_straggler_report_and_stop_if_detected_checkpoints_and_exits(runs):

@@ -153,8 +153,9 @@ class CheckpointManager:
             return False
         for step in candidates:
             path = os.path.join(root, layout.iter_dir_name(step))
-            error = self._try_load(state, path)
+            error, rerun_state = self._try_load(state, path)
             if _all_ok(error is None):
+                checkpoint_state.restore_rerun_state(rerun_state)
                 self._latest_step = step
                 self.last_load_seconds = time.perf_counter() - start
                 if _rank() == 0:
@@ -258,8 +259,12 @@ class CheckpointManager:
         torch.distributed.barrier()
         self._latest_step = step
 
-    def _try_load(self, state: TrainState, path: str) -> str | None:
-        """Load ``path`` into ``state``; the error text on failure (no collective may be skipped on error)."""
+    def _try_load(self, state: TrainState, path: str) -> tuple[str | None, dict | None]:
+        """Load ``path`` into ``state``: (error text or None, the saved rerun state machine state or None).
+
+        No collective may be skipped on error. The rerun state is applied by the caller once every rank has
+        loaded the same checkpoint.
+        """
         from megatron.core import dist_checkpointing
         from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
@@ -267,11 +272,11 @@ class CheckpointManager:
             common = dist_checkpointing.load_common_state_dict(path)
             template = checkpoint_state.loading_template(
                 state, dist_checkpointing.load_content_metadata(preloaded_state_dict=common),
-                saved_world_size=int(common.get("world_size", -1)))
+                saved_world_size=int(common.get("world_size", -1)), common=common)
             loaded = dist_checkpointing.load(template, path)
             checkpoint_state.apply_loaded(state, loaded)
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure: fall back to the previous one
             where = traceback.extract_tb(err.__traceback__)[-1]
             log.debug("checkpoint: loading %s failed", path, exc_info=True)
-            return f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})"
-        return None
+            return f"{type(err).__name__}: {err} (at {where.filename}:{where.lineno})", None
+        return None, loaded.get(checkpoint_state.RERUN_KEY)

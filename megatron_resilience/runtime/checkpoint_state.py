@@ -11,7 +11,11 @@ One sharded state dict holds everything exact resume needs:
   torch CPU, accelerator and tensor-parallel tracker RNG states; dropout draws
   differ per rank, so each rank gets its own back;
 - common (saved once by rank 0): step, consumed samples, scheduler state,
-  ``TrainState.extra`` and the world size the RNG states belong to.
+  ``TrainState.extra`` and the world size the RNG states belong to;
+- ``rerun_state_machine``, only while Megatron-Core's rerun state machine is
+  mid-diagnosis (the exit-16/17 checkpoints): its common part (mode, state,
+  iteration) plus one ``ShardedObject`` per rank with that rank's suspicious
+  result, so the resumed job re-runs the step from the checkpoint.
 
 The same metadata is passed to ``sharded_state_dict`` when saving and loading
 and is stored in the checkpoint (``content_metadata``), so a checkpoint is read
@@ -128,7 +132,81 @@ def build_sharded_state_dict(state: TrainState, *, is_loading: bool,
     sharded["scheduler"] = state.scheduler.state_dict()
     sharded["extra"] = dict(state.extra)
     sharded["world_size"] = world
+    if not is_loading:
+        rerun = rerun_state_to_save()
+        if rerun is not None:
+            sharded[RERUN_KEY] = rerun
+            sharded[RERUN_LAYOUT_KEY] = _parallel_layout()
     return sharded
+
+
+# --- rerun state machine ---------------------------------------------------------------------------------------
+# Saved as Megatron-LM does (``state_dict(..., ckpt_format="torch_dist")``, None unless a step is being
+# diagnosed), except for the data iterator, passed as None on purpose: our sampler restarts at the suspicious
+# step's first sample from ``consumed_samples`` (the step was not counted), so the re-run reads that step's
+# data anyway. Megatron-Core applies a saved iterator state only after the re-run (and its ``advance()``
+# drops it there), so saving it would only copy the step's micro-batches into the checkpoint.
+
+RERUN_KEY = "rerun_state_machine"
+RERUN_LAYOUT_KEY = "rerun_state_machine_layout"  # (world, tp, pp, dp) the per-rank rerun states belong to
+
+
+def _parallel_layout() -> list[int]:
+    from megatron.core import parallel_state
+
+    return [torch.distributed.get_world_size(), parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_data_parallel_world_size()]
+
+
+def _rerun_machine():
+    """The job's rerun state machine, or None when none was initialised (e.g. a bare checkpoint round trip):
+    ``get_rerun_state_machine()`` would create one implicitly, which a later ``initialize`` then refuses."""
+    from megatron.core import rerun_state_machine
+
+    if rerun_state_machine._GLOBAL_RERUN_STATE_MACHINE is None:
+        return None
+    return rerun_state_machine.get_rerun_state_machine()
+
+
+def rerun_state_to_save() -> dict[str, Any] | None:
+    machine = _rerun_machine()
+    return None if machine is None else machine.state_dict(data_iterator=None, ckpt_format="torch_dist")
+
+
+def _rerun_template(common: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-rank part to load when the checkpoint holds a rerun state this job can resume, else None."""
+    from megatron.core.rerun_state_machine import RerunState
+
+    saved = common.get(RERUN_KEY)
+    machine = _rerun_machine()
+    if saved is None or machine is None or not machine.validate_state_dict(saved):
+        return None
+    first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if saved["state"] != RerunState.WILL_RERUN_FROM_CHECKPOINT:
+        # The exit-17 checkpoint holds RERUNNING_IN_PLACE (kept for examination). Megatron-Core cannot resume
+        # that state (its in-memory pre-step RNG snapshot is not saved): the step is simply trained again.
+        if first_rank:
+            log.warning("checkpoint: rerun state machine state %s saved for examination only; not resumed, "
+                        "the step is trained again", saved["state"].name)
+        return None
+    if common.get(RERUN_LAYOUT_KEY) != _parallel_layout():
+        if first_rank:
+            log.warning("checkpoint: the rerun state machine state was saved with (world, tp, pp, dp)=%s, "
+                        "this job is %s: it is ignored and the suspicious step is not re-run",
+                        common.get(RERUN_LAYOUT_KEY), _parallel_layout())
+        return None
+    return {"sharded": machine.state_dict(data_iterator=None, ckpt_format="torch_dist", force=True)["sharded"]}
+
+
+def restore_rerun_state(saved: dict[str, Any] | None) -> None:
+    """Hand a loaded rerun state to the machine (after every rank has loaded the same checkpoint)."""
+    machine = _rerun_machine()
+    if saved is None or "sharded" not in saved or machine is None:
+        return
+    machine.load_state_dict(saved)
+    if torch.distributed.get_rank() == 0:
+        log.info("checkpoint: rerun state machine restored (state %s, iteration %d, mode %s)",
+                 machine.state.name, machine.current_iteration, machine.mode.name)
 
 
 # Megatron's DistributedOptimizer without Transformer Engine or Apex (CPU, or a bare GPU install) wraps
@@ -173,8 +251,9 @@ def _restore_adam_steps(optimizer: Any) -> None:
 
 
 def loading_template(state: TrainState, saved_metadata: dict[str, Any] | None, *,
-                     saved_world_size: int) -> dict[str, Any]:
-    """What to ask dist_checkpointing for: everything, minus the RNG shards when the world size changed."""
+                     saved_world_size: int, common: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What to ask dist_checkpointing for: everything, minus the RNG shards when the world size changed,
+    plus the per-rank rerun states when ``common`` (the checkpoint's common dict) holds a resumable one."""
     _ensure_adam_step_state(state.optimizer)
     metadata = {k: v for k, v in (saved_metadata or {}).items() if k in SHARDING_METADATA} or None
     template = build_sharded_state_dict(state, is_loading=True, metadata=metadata)
@@ -182,6 +261,9 @@ def loading_template(state: TrainState, saved_metadata: dict[str, Any] | None, *
         del template[key]  # common values come back from the checkpoint's common.pt
     if saved_world_size != torch.distributed.get_world_size():
         del template["rng_state"]
+    rerun = _rerun_template(common or {})
+    if rerun is not None:
+        template[RERUN_KEY] = rerun
     return template
 
 
