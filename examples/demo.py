@@ -50,9 +50,9 @@ def build(root: str, *, max_steps: int, fault_step: int, save_interval: int):
     executor = fdl.build(local_ft(ntasks_per_node=2))
     plugins = [
         # Detect the dead rank quickly; one in-job restart is all the demo needs (two allowed). Timeouts are
-        # the plugin's fixed section timeouts, not learned ones: on a shared 2-core CI machine step times vary
-        # by 100x between runs, and a timeout learned from a quiet minute would end a busy one (production
-        # recipes keep ft.calc_ft_timeouts on).
+        # the plugin's fixed section timeouts, not learned ones, so what the demo prints does not depend on how
+        # fast an earlier run was (production recipes keep ft.calc_ft_timeouts on; learned timeouts never go
+        # below ft.min_learned_timeout, 60 s by default).
         FaultTolerancePlugin(num_in_job_restarts=2, num_job_retries_on_failure=0, workload_check_interval=1.0,
                              calc_ft_timeouts=False),
         PreemptionPlugin(),

@@ -12,7 +12,7 @@ import pytest
 
 from megatron_resilience.config import FaultToleranceConfig, PretrainConfig, StragglerConfig, TrainingConfig
 from megatron_resilience.resilience import build_hooks, exit_codes
-from megatron_resilience.resilience.fault_tolerance import FaultTolerance
+from megatron_resilience.resilience.fault_tolerance import FaultTolerance, floor_learned_timeouts
 from megatron_resilience.resilience.preemption import DataloaderWorkerInit, DistributedSignalHandler
 from megatron_resilience.resilience.simulated_fault import SimulatedFault
 from megatron_resilience.resilience.straggler import StragglerDetection, format_report
@@ -136,6 +136,112 @@ def test_ft_outside_ft_launcher_logs_once_and_is_a_no_op(monkeypatch, caplog):
     assert lines == ["ft.enabled=true but this process was not started by ft_launcher "
                      "(FT_RANK_MONITOR_IPC_SOCKET is not set): hang detection is off for this run"]
     assert not ft.active
+
+
+def test_ft_floor_raises_only_learned_timeouts():
+    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts, SectionTimeouts
+
+    st = SectionTimeouts(section={"setup": 0.5, "step": 0.85, "checkpointing": 150.0}, out_of_section=2.0,
+                         calculated_sections={"step", "checkpointing"}, is_out_of_section_calculated=True)
+    floored, raised = floor_learned_timeouts(st, 60.0)
+    assert floored == SectionTimeouts(section={"setup": 0.5, "step": 60.0, "checkpointing": 150.0},
+                                      out_of_section=60.0, calculated_sections={"step", "checkpointing"},
+                                      is_out_of_section_calculated=True)  # setup 0.5 is configured: kept
+    assert raised == [("step", 0.85), ("out_of_section", 2.0)]
+    assert st.section["step"] == 0.85  # the input is not modified
+    hb, raised = floor_learned_timeouts(HeartbeatTimeouts(initial=90.0, subsequent=1.5, were_calculated=True), 60.0)
+    assert hb == HeartbeatTimeouts(initial=90.0, subsequent=60.0, were_calculated=True)
+    assert raised == [("heartbeat subsequent", 1.5)]
+    configured = HeartbeatTimeouts(initial=1.0, subsequent=1.0, were_calculated=False)
+    assert floor_learned_timeouts(configured, 60.0) == (configured, [])
+
+
+def test_ft_min_learned_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="ft.min_learned_timeout"):
+        FaultToleranceConfig(min_learned_timeout=0)
+
+
+def test_ft_learned_timeouts_floored_before_the_monitor_and_ft_state_json_get_them(tmp_path, caplog):
+    # Real RankMonitorClient, real TimeoutsCalc (5 x max observed, all-reduced over a real 1-rank gloo group);
+    # only its IPC send to a rank monitor server is recorded here (tests/test_resilience_faults.py runs the real one).
+    import torch.distributed as dist
+    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClient
+    from nvidia_resiliency_ext.fault_tolerance.timeouts_calc import TimeoutsCalc
+
+    client = RankMonitorClient()
+    client.is_initialized, client.rank_monitor_socket = True, object()
+    client.timeouts_calc = TimeoutsCalc(sections=["setup", "step", "checkpointing"], start_time=0.0, safety_factor=5.0)
+    client.hb_timeouts = HeartbeatTimeouts(initial=None, subsequent=None, were_calculated=False)
+    client.section_timeouts = SectionTimeouts(section={"setup": 180.0, "step": 60.0, "checkpointing": 120.0},
+                                              out_of_section=300.0)
+    sent = []
+
+    def record(new_hb_timeouts, new_section_timeouts):
+        sent.append(new_section_timeouts)
+        client.section_timeouts = new_section_timeouts
+
+    client._set_calculated_timeouts = record
+    calc = client.timeouts_calc
+    for name, start, end in (("step", 1.0, 1.17), ("checkpointing", 2.0, 32.0)):
+        calc.update_on_section_event(name, SectionAction.OPEN, event_time=start)
+        calc.update_on_section_event(name, SectionAction.CLOSE, event_time=end)
+    ft = FaultTolerance(FaultToleranceConfig(enabled=True, calc_ft_timeouts=True, min_learned_timeout=60.0), rank=0,
+                        save_dir=str(tmp_path), load_dir=None, async_save=False)
+    ft.client, ft.sections = client, {"setup", "step", "checkpointing"}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with caplog.at_level(logging.INFO, logger="megatron_resilience"):
+            ft._calculate_and_set(heartbeats=False, selected_sections=["step", "checkpointing"],
+                                  calc_out_of_section=False)
+    finally:
+        dist.destroy_process_group()
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("megatron_resilience")]
+    assert lines[0] == "FT: learned step timeout 0.85 s raised to the floor ft.min_learned_timeout=60 s"
+    assert len(sent) == 1 and sent[0].section == {"setup": 180.0, "step": 60.0, "checkpointing": 150.0}
+    assert sorted(sent[0].calculated_sections) == ["checkpointing", "step"]
+    state = json.loads((tmp_path / "ft_state.json").read_text())["current_timeouts"]["section"]
+    assert state["section"] == {"setup": 180.0, "step": 60.0, "checkpointing": 150.0}
+    assert "section timeouts: checkpointing=150.00s setup=180.00s step=60.00s out_of_section=300.00s " \
+           "(learned: checkpointing, step)" in lines[1]
+
+
+def test_ft_floor_degrades_on_a_client_without_the_private_setter():
+    # A stand-in for an nvidia-resiliency-ext whose client has only the public calculate-and-send call (the
+    # installed one has the internals): the floor then reaches the client's copy, hence ft_state.json.
+    from nvidia_resiliency_ext.fault_tolerance.data import SectionTimeouts
+
+    from megatron_resilience import upstream
+
+    class PublicOnlyClient:
+        section_timeouts = SectionTimeouts(section={"step": 60.0}, out_of_section=90.0)
+
+        def calculate_and_set_section_timeouts(self, *, selected_sections, calc_out_of_section, skip_if_not_ready):
+            self.section_timeouts = SectionTimeouts(section={"step": 0.85}, out_of_section=90.0,
+                                                    calculated_sections={"step"})
+            return True
+
+    client = PublicOnlyClient()
+    result = upstream.ft_calculate_and_set_timeouts(
+        client, heartbeats=False, selected_sections=["step"], adjust=lambda t: floor_learned_timeouts(t, 60.0)[0])
+    assert result == (True, False)  # updated, but the monitor got the unraised value
+    assert client.section_timeouts.section == {"step": 60.0}
+
+
+def test_ft_state_json_loaded_values_below_the_floor_are_raised(tmp_path, caplog):
+    # An ft_state.json written before the floor existed (values seen on a real cluster).
+    (tmp_path / "ft_state.json").write_text(json.dumps({"current_timeouts": {"section": {
+        "section": {"setup": 180.0, "step": 0.85, "checkpointing": 0.97}, "out_of_section": 300.0,
+        "calculated_sections": ["checkpointing", "step"], "is_out_of_section_calculated": False}}}))
+    ft = FaultTolerance(FaultToleranceConfig(enabled=True, calc_ft_timeouts=True, min_learned_timeout=30), rank=0,
+                        save_dir=None, load_dir=str(tmp_path), async_save=False)
+    with caplog.at_level(logging.INFO, logger="megatron_resilience"):
+        state = ft._read_state()
+    assert state["current_timeouts"]["section"]["section"] == {"setup": 180.0, "step": 30.0, "checkpointing": 30.0}
+    assert state["current_timeouts"]["section"]["out_of_section"] == 300.0  # configured: kept
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("megatron_resilience")]
+    assert lines[1:] == ["FT: loaded checkpointing timeout 0.97 s raised to the floor ft.min_learned_timeout=30 s",
+                         "FT: loaded step timeout 0.85 s raised to the floor ft.min_learned_timeout=30 s"]
 
 
 @pytest.mark.parametrize("env,start_step,armed", [

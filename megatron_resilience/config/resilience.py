@@ -26,6 +26,10 @@ class FaultToleranceConfig:
     enabled: bool = False  # enable_ft_package
     mode: str = "sections"  # sections: setup/step/checkpointing; heartbeats: one beat per step
     calc_ft_timeouts: bool = False  # learn timeouts from observed intervals, persist in ft_state.json
+    # Seconds: every learned timeout (sections, out-of-section, heartbeats) is raised to at least this. Learned
+    # values are safety_factor x the longest interval seen, far below 1 s for fast steps; a GC pause, a slow
+    # filesystem or a busier node would otherwise get healthy ranks killed as hung.
+    min_learned_timeout: float = 60.0
     simulate_fault: bool = False
     simulated_fault_type: str = "random"
     simulated_fault_rank: int | None = None  # None -> a random rank
@@ -37,6 +41,7 @@ class FaultToleranceConfig:
 
     def __post_init__(self) -> None:
         check_choice("ft.mode", self.mode, FT_MODES)
+        check_positive("ft.min_learned_timeout", self.min_learned_timeout)
         check_choice("ft.simulated_fault_type", self.simulated_fault_type, SIMULATED_FAULT_TYPES)
         check_int("ft.simulated_fault_rank", self.simulated_fault_rank, minimum=0, allow_none=True)
         check_non_negative("ft.simulated_fault_base_delay", self.simulated_fault_base_delay)

@@ -15,6 +15,9 @@ after a restart they are loaded before the rank connects, so the monitor uses th
 from the first second. The setup timeout is learned only from runs that loaded a
 checkpoint, the out-of-section one only at the end of a run that resumed from a checkpoint, saved one and has
 a learned step timeout (so every kind of interval was observed at least once).
+Every learned value (and every calculated one loaded from ft_state.json) is raised to at least
+``ft.min_learned_timeout`` before the monitor gets it: ``safety_factor x max`` of fast steps is below 1 s,
+and a GC pause, a slow filesystem or a busier node would get healthy ranks killed as hung.
 
 Not under ft_launcher (no ``FT_RANK_MONITOR_IPC_SOCKET``): one log line, and
 every call is a no-op.
@@ -22,6 +25,7 @@ every call is a no-op.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from contextlib import contextmanager
@@ -144,8 +148,7 @@ class FaultTolerance:
         if not (self.active and self.cfg.calc_ft_timeouts):
             return
         if self.cfg.mode == "heartbeats":
-            if self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
-                self._write_state()
+            self._calculate_and_set(heartbeats=True)
             return
         selected = []
         if self.loaded_checkpoint:
@@ -160,9 +163,28 @@ class FaultTolerance:
                           and ("step" in selected or "step" in learned_before))
         if not selected and not out_of_section:
             return
-        if self.client.calculate_and_set_section_timeouts(
-                selected_sections=selected, calc_out_of_section=out_of_section, skip_if_not_ready=True):
-            self._write_state()
+        self._calculate_and_set(heartbeats=False, selected_sections=selected, calc_out_of_section=out_of_section)
+
+    def _calculate_and_set(self, **kwargs) -> None:
+        """Learn (collective), raise to the floor, send to the monitor, persist."""
+        raised: list[tuple[str, float]] = []
+
+        def floor(timeouts):
+            floored, raised[:] = floor_learned_timeouts(timeouts, self.cfg.min_learned_timeout)
+            return floored
+
+        updated, before_send = upstream.ft_calculate_and_set_timeouts(self.client, adjust=floor, **kwargs)
+        if not updated:
+            return
+        if self.rank == 0:
+            for name, value in raised:
+                self.log.info(f"FT: learned {name} timeout {value:.2f} s raised to the floor "
+                              f"ft.min_learned_timeout={self.cfg.min_learned_timeout:g} s")
+            if raised and not before_send:
+                self.log.warning("FT: this nvidia-resiliency-ext cannot take adjusted learned timeouts: the rank "
+                                 "monitor uses the unraised ones until the next restart (ft_state.json has the "
+                                 "raised ones)")
+        self._write_state()
 
     def _state_path(self, directory: str | None) -> str | None:
         return os.path.join(directory, FT_STATE_FILE) if directory else None
@@ -180,6 +202,13 @@ class FaultTolerance:
             return None
         if self.rank == 0:
             self.log.info(f"FT: loaded learned timeouts from {path}")
+        current = state.get("current_timeouts") if isinstance(state, dict) else None
+        for kind in ("section", "heartbeat"):
+            if isinstance(current, dict) and isinstance(current.get(kind), dict):
+                for name, value in floor_timeouts_dict(current[kind], self.cfg.min_learned_timeout):
+                    if self.rank == 0:
+                        self.log.info(f"FT: loaded {name} timeout {value:.2f} s raised to the floor "
+                                      f"ft.min_learned_timeout={self.cfg.min_learned_timeout:g} s")
         return state
 
     def _write_state(self) -> None:
@@ -227,6 +256,38 @@ class FaultTolerance:
     def _heartbeat(self) -> None:
         if self.active and self.cfg.mode == "heartbeats":
             self.client.send_heartbeat()
+
+
+def floor_timeouts_dict(timeouts: dict, floor: float) -> list[tuple[str, float]]:
+    """Raise, in place, every calculated value of a section/heartbeat timeouts dict (``state_dict()`` form) to
+    ``floor``. Configured values are the user's and stay as they are. Returns ``[(name, old value)]`` raised."""
+    raised = []
+
+    def up(name: str, value):
+        if value is not None and value < floor:
+            raised.append((name, float(value)))
+            return float(floor)
+        return value
+
+    if "calculated_sections" in timeouts:
+        section = dict(timeouts.get("section") or {})
+        for name in sorted(timeouts["calculated_sections"]):
+            section[name] = up(name, section.get(name))
+        timeouts["section"] = section
+        if timeouts.get("is_out_of_section_calculated"):
+            timeouts["out_of_section"] = up("out_of_section", timeouts.get("out_of_section"))
+    elif timeouts.get("were_calculated"):
+        for key in ("initial", "subsequent"):
+            timeouts[key] = up(f"heartbeat {key}", timeouts.get(key))
+    return raised
+
+
+def floor_learned_timeouts(timeouts, floor: float):
+    """``floor_timeouts_dict`` for nvidia-resiliency-ext's ``SectionTimeouts``/``HeartbeatTimeouts``: a new
+    object (same type) and the raised ``[(name, old value)]``."""
+    values = {field.name: getattr(timeouts, field.name) for field in dataclasses.fields(timeouts)}
+    raised = floor_timeouts_dict(values, floor)
+    return type(timeouts)(**values), raised
 
 
 def _fmt(value: float | None) -> str:

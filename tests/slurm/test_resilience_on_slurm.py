@@ -186,15 +186,6 @@ def _assert_resumed_and_completed(job: Job, ref: Job, finals: dict, *, max_steps
     return stopped
 
 
-# Known bugs found by these tests (xfail, not strict: an XPASS in the summary means the fix landed; then
-# remove the marker). Reported with file, cause and fix in the Slurm helper's report.
-LEARNED_TIMEOUTS_TOO_TIGHT = (
-    "ft.calc_ft_timeouts learns section timeouts from the first run's fastest-ever steps (seen: step=0.85 s, "
-    "checkpointing=0.97 s) and the requeued run loads them from ft_state.json; when the machine gets busier, "
-    "ft_launcher kills the ranks as hung ('Section step has been open for 1.42 seconds. Timeout is 0.85 "
-    "seconds') and restarts them in the job")
-
-
 # --- 1. a real 1-minute limit with preempt_time=30 ---------------------------------------------------------------
 
 
@@ -211,7 +202,6 @@ def test_1a_time_limit_warning_reaches_every_rank_before_the_limit(jobs):
     assert finals["limit"]["JobState"] == "COMPLETED", limit.describe()
 
 
-@pytest.mark.xfail(reason=LEARNED_TIMEOUTS_TOO_TIGHT)
 def test_1b_time_limit_checkpoint_requeue_resume_with_equal_losses(jobs):
     js, finals = jobs["jobs"], jobs["finals"]
     limit = js["limit"]
