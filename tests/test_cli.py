@@ -161,7 +161,7 @@ def test_slurm_dryrun_prints_the_sbatch_script_with_the_plugins_applied():
     assert config_lines(config)["run_dir"] == "/lustre/me/runs/gpt_126m"
     for line in ("#SBATCH --account=acct", "#SBATCH --partition=batch", "#SBATCH --nodes=2",
                  "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --signal=SIGTERM@90",
-                 "#SBATCH --time=04:00:00", "rank_section_timeouts:", "export TORCHX_MAX_RETRIES=2"):
+                 "#SBATCH --time=04:00:00", "rank_section_timeouts:", "export TORCHX_MAX_RETRIES=3"):  # 2 retries: 1 + 2 attempts
         assert line in script, line
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert " ft_launcher " in srun and " --max-restarts 5 " in srun and " --nproc-per-node 8 " in srun
