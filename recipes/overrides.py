@@ -15,17 +15,12 @@ import typing
 
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config._validate import ConfigError
-from megatron_resilience.config.overrides import _parse, _valid_keys
+from megatron_resilience.config.overrides import parse_override, parse_value, valid_keys
 from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()
 
 _HINTS = typing.get_type_hints(PretrainConfig)
-
-
-def valid_keys() -> list[str]:
-    """Every key a task override may name: ``run_dir`` and ``<section>.<field>``."""
-    return _valid_keys()
 
 
 def apply_overrides(task: "run.Partial", overrides: list[str]) -> "run.Partial":
@@ -37,26 +32,13 @@ def apply_overrides(task: "run.Partial", overrides: list[str]) -> "run.Partial":
     """
     task = copy.deepcopy(task)
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip().removeprefix("--")
-        if not sep or not key:
-            raise ConfigError(f"{item!r}: expected key=value, e.g. train.max_steps=100")
-        section, _, name = key.partition(".")
-        if section not in _HINTS or (name and not dataclasses.is_dataclass(_HINTS[section])) \
-                or (not name and dataclasses.is_dataclass(_HINTS[section])):
-            raise ConfigError(f"{key}: unknown key; valid keys: {', '.join(valid_keys())}")
-        if not name:
-            setattr(task, section, _parse(key, raw, _HINTS[section]))
+        section, name, value = parse_override(item)
+        if name is None:
+            setattr(task, section, value)
             continue
-        cls = _HINTS[section]
-        field_types = typing.get_type_hints(cls)
-        if name not in field_types:
-            valid = [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
-            raise ConfigError(f"{key}: unknown key; valid keys in {section}: {', '.join(valid)}")
-        value = _parse(key, raw, field_types[name])
         config = getattr(task, section, None)
         if config is None:
-            config = run.Config(cls)
+            config = run.Config(_HINTS[section])
             setattr(task, section, config)
         setattr(config, name, value)
     return task
@@ -83,7 +65,7 @@ def apply_plugin_overrides(plugins: list, overrides: list[str]) -> list:
         if not chosen or name not in typing.get_type_hints(type(plugins[chosen[0]])):
             raise ConfigError(f"{key}: unknown key; valid keys: {', '.join(valid) or '(no plugins set)'}")
         for i in chosen:
-            plugins[i] = dataclasses.replace(plugins[i], **{name: _parse(key, raw,
+            plugins[i] = dataclasses.replace(plugins[i], **{name: parse_value(key, raw,
                                                                           typing.get_type_hints(type(plugins[i]))[name])})
     return plugins
 

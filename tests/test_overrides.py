@@ -34,6 +34,7 @@ def test_round_trip_is_exact():
     (["run_dir=/r", "ft.enabled=maybe"], "ft.enabled: must be true or false, got 'maybe'"),
     (["run_dir=/r", "train.max_steps"], "'train.max_steps': expected key=value"),
     (["train.max_steps=3"], "run_dir: required"),
+    (["run_dir=/r", "train=5"], "train: unknown key; valid keys: run_dir, model.num_layers"),
     (["run_dir=/r", "rerun.rerun_mode=sometimes"],
      "rerun.rerun_mode: must be one of ['disabled', 'validate_results', 'report_stats'], got 'sometimes'"),
 ])

@@ -17,7 +17,7 @@ from megatron_resilience.config.pretrain import PretrainConfig
 _TRUE, _FALSE, _NONE = ("true", "yes", "1", "on"), ("false", "no", "0", "off"), ("none", "null")
 
 
-def _parse(key: str, raw: str, annotation: Any) -> Any:
+def parse_value(key: str, raw: str, annotation: Any) -> Any:
     text = raw.strip()
     args = typing.get_args(annotation)
     origin = typing.get_origin(annotation)
@@ -47,7 +47,8 @@ def _parse(key: str, raw: str, annotation: Any) -> Any:
     return text.strip("'\"")
 
 
-def _valid_keys() -> list[str]:
+def valid_keys() -> list[str]:
+    """Every key an override may name: ``run_dir`` and ``<section>.<field>``."""
     keys = []
     hints = typing.get_type_hints(PretrainConfig)
     for f in dataclasses.fields(PretrainConfig):
@@ -59,28 +60,39 @@ def _valid_keys() -> list[str]:
     return keys
 
 
+def parse_override(item: str) -> tuple[str, str | None, Any]:
+    """One ``key=value`` string -> ``(section, field or None, typed value)``.
+
+    The single place that resolves a key against ``PretrainConfig`` and parses its
+    value: used here and by the recipes' overrides on a ``run.Partial``.
+    """
+    hints = typing.get_type_hints(PretrainConfig)
+    key, sep, raw = item.partition("=")
+    key = key.strip().removeprefix("--")
+    if not sep or not key:
+        raise ConfigError(f"{item!r}: expected key=value, e.g. train.max_steps=100")
+    section, _, name = key.partition(".")
+    if section not in hints or bool(name) != dataclasses.is_dataclass(hints[section]):
+        raise ConfigError(f"{key}: unknown key; valid keys: {', '.join(valid_keys())}")
+    if not name:
+        return section, None, parse_value(key, raw, hints[section])
+    field_types = typing.get_type_hints(hints[section])
+    if name not in field_types:
+        valid = [f"{section}.{f.name}" for f in dataclasses.fields(hints[section])]
+        raise ConfigError(f"{key}: unknown key; valid keys in {section}: {', '.join(valid)}")
+    return section, name, parse_value(key, raw, field_types[name])
+
+
 def config_from_overrides(overrides: list[str], base: PretrainConfig | None = None) -> PretrainConfig:
     """Apply ``key=value`` strings to ``base`` (or the defaults) and validate the result."""
-    hints = typing.get_type_hints(PretrainConfig)
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {}
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.strip().removeprefix("--")
-        if not sep:
-            raise ConfigError(f"{item!r}: expected key=value, e.g. train.max_steps=100")
-        section, _, name = key.partition(".")
-        if section not in hints or (name and not dataclasses.is_dataclass(hints[section])):
-            raise ConfigError(f"{key}: unknown key; valid keys: {', '.join(_valid_keys())}")
-        if not name:
-            top[section] = _parse(key, raw, hints[section])
-            continue
-        cls = hints[section]
-        field_types = typing.get_type_hints(cls)
-        if name not in field_types:
-            valid = [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
-            raise ConfigError(f"{key}: unknown key; valid keys in {section}: {', '.join(valid)}")
-        sections.setdefault(section, {})[name] = _parse(key, raw, field_types[name])
+        section, name, value = parse_override(item)
+        if name is None:
+            top[section] = value
+        else:
+            sections.setdefault(section, {})[name] = value
     if base is None:
         if "run_dir" not in top:
             raise ConfigError("run_dir: required, e.g. run_dir=/path/to/run")
