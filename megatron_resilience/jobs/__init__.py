@@ -1,0 +1,17 @@
+"""The job-level room: why each Slurm attempt ended, whether the run continues, and a ledger of every attempt.
+
+Runs on the login node (plugins at submit time, the watcher, the report) and inside the batch
+script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
+
+- :mod:`.taxonomy`   error types, their retry mode (crash / stall / timeout) and subsystem;
+- :mod:`.monitors`   regex monitors over logs (YAML presets in ``presets/monitors/``) -> signals;
+- :mod:`.policies`   restart policies (YAML presets in ``presets/policies/``);
+- :mod:`.classifier` one classification per attempt from stop reason, NVRx, Slurm and log signals;
+- :mod:`.decision`   the policy's decision (or nemo_run's rule) with budgets, progress and node exclusion;
+- :mod:`.evidence`   reading an attempt's logs, metrics, cycle-info files;
+- :mod:`.attempts`   classify + decide + the ledger record of one ended attempt;
+- :mod:`.ledger`     the run's JSON-lines ledger, write-ahead records around every Slurm command;
+- :mod:`.jobconfig`  the job-level config the plugins render into the sbatch script;
+- :mod:`.batch_exit` the batch script's EXIT trap; :mod:`.watcher` what the job cannot see about itself;
+- :mod:`.report`     the chain of attempts as a table, goodput/badput, a PNG timeline.
+"""

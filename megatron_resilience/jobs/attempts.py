@@ -1,0 +1,112 @@
+"""One Slurm attempt ended: classify it, decide, and build its ledger record (shared by the trap and the watcher).
+
+Acting on the decision (``scontrol requeue`` from inside the job, ``sbatch`` from the watcher) is
+the caller's job; this module only reads files and Slurm, and returns what to record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_resilience.jobs import evidence as ev
+from megatron_resilience.jobs import slurm
+from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
+from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run
+from megatron_resilience.jobs.jobconfig import JobLevelConfig
+from megatron_resilience.jobs.ledger import Ledger
+
+
+@dataclass
+class Ending:
+    classification: Classification
+    decision: Decision
+    record: dict[str, Any]
+
+
+def attempt_start(ledger: Ledger, job_id: str, restart: int) -> dict[str, Any] | None:
+    starts = [r for r in ledger.records("attempt_start")
+              if str(r.get("job_id")) == str(job_id) and int(r.get("slurm_restart") or 0) == int(restart)]
+    return starts[-1] if starts else None
+
+
+def chain_history(ledger: Ledger) -> list[dict[str, Any]]:
+    """The attempt records of the current chain (a finished chain's successor starts after its final record)."""
+    history: list[dict[str, Any]] = []
+    for rec in ledger.records():
+        if rec.get("kind") == "attempt":
+            history.append(rec)
+        elif rec.get("kind") == "final" and rec.get("outcome") != "resumed":
+            history = []
+    return history
+
+
+def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: int, exit_code: int | None,
+                slurm_state: str | None, by: str, nodes: list[str] | None = None, partition: str | None = None,
+                retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None) -> Ending:
+    """Classify the attempt (job_id, restart), decide with the config's policy, and build its ledger record."""
+    start = attempt_start(ledger, job_id, restart) or {}
+    nodes = nodes if nodes is not None else [n for n in str(start.get("nodes") or "").split(",") if n]
+    monitors = cfg.load_monitors()
+    files = ev.scan_attempt(job_dir=cfg.job_dir, job_id=job_id, restart=restart, monitors=monitors,
+                            batch_offset=int(start.get("batch_log_offset") or 0), cycle_info_dir=cfg.cycle_info_dir,
+                            max_log_bytes=cfg.max_log_bytes)
+    records = ev.read_metrics(cfg.metrics)
+    mine = ev.attempt_records(records, job_id=job_id, restart=restart, since=start.get("time"), until=end_time)
+    progress = ev.progress(records, mine, cfg.checkpoint_dir)
+    stop_reason = ev.read_json(cfg.stop_reason)
+    if stop_reason is not None and start.get("time") and by == "watcher":
+        if os.path.getmtime(cfg.stop_reason) < float(start["time"]):
+            stop_reason = None  # an earlier attempt's
+    evidence = AttemptEvidence(exit_code=exit_code, stop_reason=stop_reason, slurm_state=slurm_state,
+                               signals=files.last_cycle_signals() + ev.metrics_signals(mine),
+                               no_restart_exit_code=cfg.no_restart_exit_code)
+    cls = classify(evidence)
+    cycles = _cycles(files, progress, cfg)
+    history = chain_history(ledger)
+    record: dict[str, Any] = {
+        "kind": "attempt", "by": by, "attempt_index": len(history), "job_id": str(job_id), "slurm_restart": restart,
+        "resubmission": int(start.get("resubmission") or 0), "nodes": nodes, "start": start.get("time"),
+        "end": end_time or time.time(), "slurm_state": slurm_state, "exit_code": exit_code,
+        "last_step": progress["last_step"], "resumed_from": progress["resumed_from"],
+        "checkpoint_step": progress["checkpoint_step"], "recomputed_steps": progress["recomputed_steps"],
+        "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
+    }
+    policy = cfg.load_policy()
+    if policy is None:
+        decision = decide_like_nemo_run(cls, history, retries=retries, ft=cfg.ft,
+                                        finished_flag=os.path.exists(cfg.finished_flag))
+    else:
+        cluster = cluster_info or (slurm.cluster(partition) if _may_exclude(policy, cls)
+                                   else Cluster(partition=partition or ""))
+        decision = decide(cls, policy, history, record, cluster,
+                          finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None)
+    record["decision"] = decision.to_dict()
+    record["policy"] = policy.name if policy else "nemo_run"
+    return Ending(cls, decision, record)
+
+
+def _may_exclude(policy: Any, cls: Classification) -> bool:
+    return policy.exclude_nodes_after > 0 or any(r.action == "requeue_excluding_nodes" for r in policy.rules)
+
+
+def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig) -> list[dict[str, Any]]:
+    """One entry per in-job (ft_launcher/torchrun) cycle: how it ended (earlier cycles) and where it resumed."""
+    count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1)
+    out = []
+    for k in range(count):
+        entry: dict[str, Any] = {"cycle": k}
+        if k < len(progress["cycles"]):
+            entry.update(progress["cycles"][k])
+        if k < len(files.cycle_info):
+            info = files.cycle_info[k]
+            entry.update({"cycle_info": {key: info.get(key) for key in (
+                "cycle_number", "cycle_start_time", "cycle_end_time", "active_nodes", "cycle_log_file")}})
+        if k < len(files.cycles) - 1:  # an earlier cycle ended in an in-job restart: why?
+            sigs = files.cycles[k]
+            c = classify(AttemptEvidence(exit_code=None, signals=sigs, no_restart_exit_code=cfg.no_restart_exit_code))
+            entry["ended"] = {"error_type": c.error_type, "reason": c.reason, "evidence": c.evidence[:2]}
+        out.append(entry)
+    return out

@@ -1,0 +1,106 @@
+"""The batch script's EXIT trap: classify this attempt, decide, record, act; print the script's exit code.
+
+    python -m megatron_resilience.jobs.batch_exit --config JOB_LEVEL_JSON --exit-code N [--nemo-run-retries R]
+
+Runs inside the job (no torch; imports in well under a second). The sbatch block (see
+``megatron_resilience.plugins.batch_decision``) reads the last line, ``megatron_resilience: batch
+exit code N``, and ends the script with it; when this program fails or prints no such line, the
+block falls back to nemo_run's own decision and says so. SIGTERM is ignored while it runs: our own
+``scontrol requeue`` makes Slurm signal the job at once, and the record and the node exclusion
+must still be written (Slurm's SIGKILL follows only after ``KillWait``). An attempt Slurm already
+requeued itself (a node failure) is left to the watcher, which records it from Slurm's record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from megatron_resilience.jobs import slurm
+from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.jobconfig import JobLevelConfig
+from megatron_resilience.jobs.ledger import Ledger
+
+PREFIX = "megatron_resilience:"
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parser = argparse.ArgumentParser(prog="python -m megatron_resilience.jobs.batch_exit")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--exit-code", type=int, required=True, help="the job step's exit code")
+    parser.add_argument("--nemo-run-retries", type=int, default=0, help="TORCHX_MAX_RETRIES as nemo_run set it")
+    args = parser.parse_args(argv)
+
+    cfg = JobLevelConfig.read(args.config)
+    ledger = Ledger(cfg.ledger)
+    job_id = os.environ.get("SLURM_JOB_ID", "0")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    info = slurm.show_job(job_id)
+    state = (info.get("JobState") or "").split()[0] or None
+    now = info.get("Restarts", "")
+    if now.isdigit() and int(now) > restart:
+        # Slurm requeued the job itself while this shell ran (a node of it failed: NODE_FAIL), or someone else
+        # did: the decision is taken, and Slurm may SIGKILL this shell any moment (KillWait). The watcher records
+        # the attempt from Slurm's record, once (as when the batch host itself is lost).
+        print(f"{PREFIX} job {job_id} was requeued by Slurm or the watcher (now {state}, restart {now}) while "
+              f"restart {restart} ended: not recorded here; the watcher records it from Slurm's record", flush=True)
+        return _finish(args.exit_code)
+    ending = end_attempt(cfg, ledger, job_id=job_id, restart=restart, exit_code=args.exit_code, slurm_state=state,
+                         by="batch", partition=os.environ.get("SLURM_JOB_PARTITION") or info.get("Partition"),
+                         retries=args.nemo_run_retries)
+    cls, decision = ending.classification, ending.decision
+    ledger.append(ending.record)
+    print(f"{PREFIX} attempt {ending.record['attempt_index']} (job {job_id}, restart {restart}) ended: "
+          f"{cls.error_type} [{cls.source}] {cls.reason}", flush=True)
+    for line in cls.evidence[:3]:
+        print(f"{PREFIX}   evidence: {line[:300]}", flush=True)
+    print(f"{PREFIX} decision ({ending.record['policy']}): {decision.message()}", flush=True)
+
+    code = args.exit_code
+    if decision.action == "requeue":
+        ok, output = ledger.perform("requeue", ["scontrol", "requeue", job_id], by="batch", job_id=job_id)
+        if not ok:
+            message = (f"scontrol requeue {job_id} failed ({output}); the chain is not continued by this job "
+                       f"(a running watcher resubmits it)")
+            print(f"{PREFIX} {message}", flush=True)
+            return _finish(code or 1)
+        if decision.exclude_applied:
+            nodes = ",".join(decision.exclude_applied)
+            command = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"]
+            ok, output = ledger.perform("exclude_nodes", command, by="batch", job_id=job_id,
+                                        nodes=decision.exclude_applied)
+            print(f"{PREFIX} ExcNodeList={','.join(decision.exclude_applied)}: "
+                  f"{'set' if ok else 'NOT set: ' + output}", flush=True)
+        return _finish(code)
+    if decision.action == "stop":
+        message = _final_message(cls, decision, ending.record)
+        ledger.append({"kind": "final", "outcome": decision.outcome, "message": message, "job_id": job_id,
+                       "attempts": ending.record["attempt_index"] + 1, "by": "batch"})
+        with open(cfg.stop_marker, "w", encoding="utf-8") as f:
+            f.write(message + "\n")
+        print(f"{PREFIX} {message}", flush=True)
+        if decision.outcome in ("finished", "cancelled"):
+            return _finish(0 if decision.outcome == "finished" else code)
+        return _finish(code or 1)
+    return _finish(code)
+
+
+def _final_message(cls, decision, record) -> str:
+    n = record["attempt_index"] + 1
+    if decision.outcome == "finished":
+        return f"training finished after {n} attempt(s)"
+    return (f"NOT restarted after {n} attempt(s): {decision.reason} (last ending: {cls.error_type}, "
+            f"last step {record.get('last_step')}, newest checkpoint {record.get('checkpoint_step')})")
+
+
+def _finish(code: int) -> int:
+    code = code if 0 <= code <= 255 else 1
+    print(f"{PREFIX} batch exit code {code}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Why did an attempt end? One classification from everything known about it, in order of trust.
+
+1. the trainer's own record: ``stop_reason.json`` (finished, stopped on a signal with a checkpoint,
+   rerun exit 16/17) — a person's ``scancel`` is checked first of all but a finished run, and Slurm's
+   NODE_FAIL before "stopped on a signal" (the signal was Slurm ending the job for the failed node);
+2. nvidia-resiliency-ext: its "do not restart" exit code (93 by default) and log line;
+3. Slurm's record: the job state (NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY, CANCELLED);
+4. log signals (monitors): ``fatal`` before ``error`` ones, then the likelier root cause first
+   (``taxonomy.ERROR_TYPES`` order: an OOM on one rank explains NCCL timeouts on the others);
+5. the exit code alone: 0 is finished, a signal is ``killed``, anything else ``unknown``.
+
+``info``/``warning`` signals never decide; they supply details (the signal that killed a worker,
+the node Megatron's rerun machine distrusted).
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs.monitors import Signal
+
+MAX_EVIDENCE_LINES = 4
+# Slurm job states that say why the job ended, whatever the logs say.
+SLURM_STATE_TYPES = {"NODE_FAIL": "node_fail", "BOOT_FAIL": "node_fail", "TIMEOUT": "time_limit",
+                     "DEADLINE": "time_limit", "PREEMPTED": "system_cancel", "OUT_OF_MEMORY": "cpu_oom"}
+
+
+@dataclass
+class AttemptEvidence:
+    """What is known about one attempt (a Slurm job run, or one in-job cycle of it)."""
+
+    exit_code: int | None = None  # the job step's (launcher's) exit code; None: unknown (watcher)
+    stop_reason: dict[str, Any] | None = None  # the trainer's stop_reason.json of this attempt
+    slurm_state: str | None = None  # scontrol/sacct JobState, e.g. RUNNING, CANCELLED, NODE_FAIL
+    signals: list[Signal] = field(default_factory=list)  # from logs, metrics, cycle info (in order)
+    no_restart_exit_code: int = taxonomy.NVRX_NO_RESTART_EXIT_CODE
+
+
+@dataclass
+class Classification:
+    error_type: str
+    subsystem: str
+    severity: str
+    mode: str | None
+    source: str  # what decided: stop_reason | slurm | nvrx | log | metrics | exit_code
+    reason: str  # one line for people
+    signal: str | None = None  # the signal that ended the attempt, when known (SIGKILL, SIGTERM, ...)
+    evidence: list[str] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+    hosts: list[str] = field(default_factory=list)  # machines the evidence points at
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error_type": self.error_type, "subsystem": self.subsystem, "severity": self.severity,
+                "mode": self.mode, "source": self.source, "reason": self.reason, "signal": self.signal,
+                "evidence": list(self.evidence), "fields": dict(self.fields), "hosts": list(self.hosts)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Classification:
+        return cls(**{k: data.get(k) for k in ("error_type", "subsystem", "severity", "mode", "source", "reason")},
+                   signal=data.get("signal"), evidence=list(data.get("evidence") or []),
+                   fields=dict(data.get("fields") or {}), hosts=list(data.get("hosts") or []))
+
+
+def _make(error_type: str, source: str, reason: str, *, severity: str = "fatal", signals: list[Signal] = (),
+          signal: str | None = None, fields: dict[str, str] | None = None) -> Classification:
+    kind = taxonomy.BY_NAME[error_type]
+    merged: dict[str, str] = {}
+    for s in signals:
+        for k, v in s.fields.items():
+            merged.setdefault(k, v)
+    merged.update(fields or {})
+    hosts = []
+    for s in signals:
+        host = s.fields.get("host")
+        if host and host not in hosts:
+            hosts.append(host)
+    subsystem = signals[0].subsystem if signals else kind.subsystem
+    return Classification(error_type=error_type, subsystem=subsystem, severity=severity, mode=kind.mode,
+                          source=source, reason=reason, signal=signal,
+                          evidence=[s.line for s in signals][:MAX_EVIDENCE_LINES], fields=merged, hosts=hosts)
+
+
+def signal_name(number: int) -> str | None:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def ending_signal(evidence: AttemptEvidence) -> str | None:
+    """The signal that ended the attempt: a worker killed by one, or the launcher's exit code 128+N."""
+    for s in reversed(evidence.signals):
+        if s.fields.get("signal"):
+            return s.fields["signal"]
+        code = s.fields.get("exitcode")
+        if code and code.startswith("-") and code[1:].isdigit():
+            return signal_name(int(code[1:]))
+    if evidence.exit_code is not None and evidence.exit_code > 128:
+        return signal_name(evidence.exit_code - 128)
+    return None
+
+
+def _of(signals: list[Signal], error_type: str) -> list[Signal]:
+    return [s for s in signals if s.error_type == error_type]
+
+
+def classify(evidence: AttemptEvidence) -> Classification:
+    sigs = evidence.signals
+    code = evidence.exit_code
+    stop = evidence.stop_reason or {}
+    reason = str(stop.get("reason", "")) if stop else ""
+    ended_by = ending_signal(evidence)
+
+    if stop.get("finished") is True or reason == "finished":
+        return _make("finished", "stop_reason", f"the trainer finished at step {stop.get('step')}", severity="info",
+                     fields={"step": str(stop.get("step"))})
+    # slurmstepd's "CANCELLED AT ... ***" line is the evidence while Slurm's record is not final (the trap sees
+    # RUNNING); once Slurm recorded another ending (FAILED: the batch shell was killed), the record wins.
+    # Only the job's own line (``*** JOB 43 ON host CANCELLED AT ...``) says a person cancelled the job: a line for
+    # a job step alone (``STEP 43.1``) is also what slurmstepd prints when srun ends a step whose launcher exited
+    # after forwarding a signal (torchrun, ft_launcher on one of several nodes), i.e. every preemption.
+    cancel = [s for s in _of(sigs, "user_cancel") if "." not in str(s.fields.get("job", ""))]
+    if evidence.slurm_state == "CANCELLED" or (cancel and evidence.slurm_state in (None, "RUNNING", "COMPLETING")):
+        return _make("user_cancel", "slurm", "the job was cancelled with scancel (Slurm state "
+                     f"{evidence.slurm_state or 'from the log'}): a person's decision, never retried",
+                     signals=cancel, signal=ended_by)
+    if reason.startswith("rerun:") or code in (16, 17):
+        rerun_code = int(reason.split(":", 1)[1]) if reason.startswith("rerun:") else code
+        if rerun_code == 17:
+            return _make("rerun_failed_validation", "stop_reason",
+                         "Megatron's rerun state machine: the result failed validation (exit 17)",
+                         fields={"step": str(stop.get("step"))})
+        return _make("rerun_resume", "stop_reason",
+                     "Megatron's rerun state machine asks to resume on different hardware (exit 16)",
+                     signals=_of(sigs, "rerun_resume"), fields={"step": str(stop.get("step"))})
+    state_type = SLURM_STATE_TYPES.get(evidence.slurm_state or "")
+    if state_type == "node_fail":
+        # Slurm ended the attempt for a failed node: a rank still running saved on Slurm's SIGTERM and wrote
+        # "stopped on a signal" (exit 0), which is not a preemption.
+        return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
+                     signals=_of(sigs, state_type), signal=ended_by)
+    if stop and stop.get("exit_code") == 0:
+        return _make("preempted", "stop_reason", f"the trainer stopped with a checkpoint at step {stop.get('step')} "
+                     f"({reason})", severity="info", signal=ended_by, fields={"reason": reason,
+                                                                              "step": str(stop.get("step"))})
+    nvrx = _of(sigs, "do_not_restart")
+    if nvrx or (code is not None and code == evidence.no_restart_exit_code):
+        return _make("do_not_restart", "nvrx", f"ft_launcher decided the job must not be restarted "
+                     f"(exit code {code})", signals=nvrx)
+    if state_type is not None:
+        return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
+                     signals=_of(sigs, state_type), signal=ended_by)
+
+    for severity in ("fatal", "error"):
+        # a cancel line was weighed above against Slurm's record; "killed" lines only name the signal
+        deciding = [s for s in sigs if s.severity == severity and s.error_type not in ("killed", "user_cancel")]
+        if deciding:
+            best = min(deciding, key=lambda s: taxonomy.rank(s.error_type))
+            chosen = _of(deciding, best.error_type)
+            source = "metrics" if chosen[0].source == "metrics" else "log"
+            if best.error_type == "preempted":
+                signal = chosen[0].fields.get("signal") or ended_by
+                return _make("preempted", source, f"the trainer received {signal} and was stopping to checkpoint "
+                             f"(after step {chosen[0].fields.get('step')}); the attempt ended before it finished",
+                             severity=severity, signals=chosen, signal=signal)
+            extra = _of(sigs, best.error_type)
+            return _make(best.error_type, source, f"{taxonomy.BY_NAME[best.error_type].meaning} "
+                         f"({len(chosen)} line(s), monitor {best.monitor})", severity=severity,
+                         signals=chosen + [s for s in extra if s not in chosen], signal=ended_by)
+    if code == 0:
+        return _make("finished", "exit_code", "the job step exited 0", severity="info")
+    if ended_by is not None or (code is not None and code > 128):
+        return _make("killed", "exit_code", f"killed by {ended_by or 'a signal'} (exit code {code}); no log line "
+                     "explains it", signals=_of(sigs, "killed"), signal=ended_by)
+    return _make("unknown", "exit_code", f"exit code {code} and no evidence of why", severity="error")

@@ -1,0 +1,218 @@
+"""What to do after an attempt: stop, requeue (excluding nodes), or cancel — with the budget left and why.
+
+``decide`` applies a :class:`~megatron_resilience.jobs.policies.Policy` to a classification and the
+chain of earlier attempts (ledger records). ``decide_like_nemo_run`` is the behaviour without a
+policy (no ``RestartPolicyPlugin``): nemo_run's own requeue rule — FT template: requeue until the
+finished flag exists or ``TORCHX_MAX_RETRIES`` attempts *in a row* failed; plain template: requeue a
+failure while ``TORCHX_MAX_RETRIES`` exceeds the failures so far — with two corrections: a
+preempted attempt never counts as a failure (nemo_run's plain template counted every requeue), and
+ft_launcher's "do not restart" exit code and a person's ``scancel`` are honoured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs.classifier import Classification
+from megatron_resilience.jobs.policies import Policy
+
+
+@dataclass
+class Decision:
+    action: str  # "stop" | "requeue" | "scancel"
+    reason: str
+    final: bool = False  # the chain of attempts ends here
+    outcome: str | None = None  # when final: finished | cancelled | stopped | budget_exhausted | no_progress
+    spent: str | None = None  # the budget mode this requeue spends
+    budget_left: dict[str, int] | None = None
+    exclude_requested: list[str] = field(default_factory=list)
+    exclude_applied: list[str] = field(default_factory=list)  # the job's whole ExcNodeList after this decision
+    exclude_not_applied: str | None = None
+    attempts_without_progress: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in (
+            "action", "reason", "final", "outcome", "spent", "budget_left", "exclude_requested", "exclude_applied",
+            "exclude_not_applied", "attempts_without_progress")}
+
+    def message(self) -> str:
+        text = f"{self.action}: {self.reason}"
+        if self.exclude_requested:
+            text += f"; exclusion requested for {','.join(self.exclude_requested)}"
+            text += (f" (not applied: {self.exclude_not_applied})" if self.exclude_not_applied
+                     else f" (ExcNodeList={','.join(self.exclude_applied)})")
+        if self.budget_left is not None:
+            text += "; restarts left " + ", ".join(f"{m} {n}" for m, n in self.budget_left.items())
+        return text
+
+
+@dataclass
+class Cluster:
+    """What the decision needs to know about where the job can run (from ``sinfo``/``scontrol``)."""
+
+    nodes: list[str] = field(default_factory=list)  # the partition's nodes
+    unusable: list[str] = field(default_factory=list)  # down / drained / failing
+    partition: str = ""
+
+
+def _failures(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [a for a in history if (a.get("classification") or {}).get("mode") is not None]
+
+
+def _spent(history: list[dict[str, Any]], mode: str) -> int:
+    return sum(1 for a in history if (a.get("decision") or {}).get("spent") == mode)
+
+
+def made_progress(attempt: dict[str, Any]) -> bool | None:
+    """Whether an attempt advanced the newest checkpoint beyond the one it resumed from (None: unknown)."""
+    ckpt, resumed = attempt.get("checkpoint_step"), attempt.get("resumed_from")
+    if ckpt is None and resumed is None and attempt.get("last_step") is None:
+        return None  # no trainer records and no checkpoint tracker: nothing to judge by
+    return ckpt is not None and ckpt > (resumed or 0)
+
+
+def _without_progress(history: list[dict[str, Any]], current: dict[str, Any]) -> int:
+    """Restarts in a row (not the chain's first attempt) that failed without advancing the checkpoint."""
+    count = 0
+    chain = history + [current]
+    for index in range(len(chain) - 1, 0, -1):
+        a = chain[index]
+        if (a.get("classification") or {}).get("mode") is None or made_progress(a) is not False:
+            break
+        count += 1
+    return count
+
+
+def slurm_node(host: str, cluster: Cluster, attempt_nodes: list[str]) -> str | None:
+    """A host named in a log line -> the Slurm node name (short names match; one-node jobs map to their node)."""
+    if host in cluster.nodes or host in attempt_nodes:
+        return host
+    short = host.split(".")[0]
+    for node in cluster.nodes + attempt_nodes:
+        if node.split(".")[0] == short:
+            return node
+    return attempt_nodes[0] if len(attempt_nodes) == 1 else None
+
+
+def _exclusions(policy: Policy, action: str, cls: Classification, history: list[dict[str, Any]],
+                attempt_nodes: list[str], cluster: Cluster) -> list[str]:
+    wanted: list[str] = []
+    if action == "requeue_excluding_nodes":
+        hosts = [n for n in (slurm_node(h, cluster, attempt_nodes) for h in cls.hosts) if n]
+        # No host named by the evidence: a one-node attempt's node is the suspect; of many, none is singled out.
+        wanted += hosts or (list(attempt_nodes) if len(attempt_nodes) == 1 else [])
+    if policy.exclude_nodes_after > 0:
+        counts: dict[str, int] = {}
+        chain = history + [{"classification": cls.to_dict(), "nodes": attempt_nodes}]
+        for a in chain:
+            c = a.get("classification") or {}
+            if c.get("error_type") not in taxonomy.HARDWARE_TYPES:
+                continue
+            for host in {slurm_node(h, cluster, a.get("nodes") or []) for h in c.get("hosts") or []} - {None}:
+                counts[host] = counts.get(host, 0) + 1
+        wanted += [h for h, n in sorted(counts.items()) if n >= policy.exclude_nodes_after]
+    return list(dict.fromkeys(wanted))
+
+
+def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[str, Any]],
+                     attempt_nodes: list[str], cluster: Cluster) -> None:
+    if not wanted:
+        return
+    already: list[str] = []
+    for a in history:
+        already += (a.get("decision") or {}).get("exclude_applied") or []
+    combined = list(dict.fromkeys(already + wanted))
+    usable = [n for n in cluster.nodes if n not in combined and n not in cluster.unusable]
+    needed = max(1, len(attempt_nodes))
+    decision.exclude_requested = wanted
+    if not cluster.nodes:
+        decision.exclude_not_applied = "the partition's nodes are unknown (sinfo gave none)"
+    elif len(usable) < needed:
+        decision.exclude_not_applied = (
+            f"excluding {','.join(combined)} would leave {len(usable)} usable node(s) in partition "
+            f"{cluster.partition or '?'} ({','.join(cluster.nodes)}) and the job needs {needed}: the job would "
+            "never start, so it is requeued without the exclusion")
+    else:
+        decision.exclude_applied = combined
+
+
+def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], current: dict[str, Any],
+           cluster: Cluster, *, finished_flag: bool | None = None) -> Decision:
+    """The policy's decision for the attempt ``current`` (its record so far) after ``history``.
+
+    ``finished_flag``: under ft_launcher, whether the trainer touched the finished flag (None: not known). A
+    step that exited 0 without it, and without a record of our trainer's, stopped before the end (a trainer
+    that saved and exited on a signal): requeued like a preemption.
+    """
+    kind = cls.error_type
+    if kind == "finished" and cls.source == "exit_code" and finished_flag is False:
+        return Decision("requeue", "the job step exited 0 without touching the finished flag (stopped before the "
+                        "end): requeued without spending a retry", budget_left=_left(policy, history))
+    if kind == "finished":
+        return Decision("stop", "training finished", final=True, outcome="finished")
+    if kind == "finished_but_alive":
+        return Decision("scancel", "the trainer finished but the job's processes are still running", final=True,
+                        outcome="finished")
+    if kind == "user_cancel":
+        return Decision("stop", "cancelled by a person (scancel): never retried", final=True, outcome="cancelled")
+    if kind in ("preempted", "system_cancel"):
+        return Decision("requeue", f"{kind}: requeued without spending a retry", budget_left=_left(policy, history))
+    action, why = policy.action_for(kind, cls.subsystem, cls.signal)
+    mode = cls.mode or "crash"
+    left = _left(policy, history)
+    if action == "stop":
+        return Decision("stop", f"{kind} is not restarted: {why}", final=True, outcome="stopped", budget_left=left)
+    stuck = _without_progress(history, current)
+    if policy.max_attempts_without_progress and stuck >= policy.max_attempts_without_progress:
+        return Decision("stop", f"{stuck} failed attempt(s) in a row did not advance the checkpoint "
+                        f"(max_attempts_without_progress={policy.max_attempts_without_progress}): a restart loop "
+                        "without progress", final=True, outcome="no_progress", budget_left=left,
+                        attempts_without_progress=stuck)
+    if left[mode] <= 0:
+        return Decision("stop", f"retry budget exhausted: {policy.max_restarts[mode]} of "
+                        f"{policy.max_restarts[mode]} {mode} restart(s) used ({kind}, policy {policy.name})",
+                        final=True, outcome="budget_exhausted", budget_left=left, attempts_without_progress=stuck)
+    left[mode] -= 1
+    decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck)
+    _apply_exclusion(decision, _exclusions(policy, action, cls, history, current.get("nodes") or [], cluster),
+                     history, current.get("nodes") or [], cluster)
+    return decision
+
+
+def _left(policy: Policy, history: list[dict[str, Any]]) -> dict[str, int]:
+    return {m: max(0, policy.max_restarts[m] - _spent(history, m)) for m in taxonomy.MODES}
+
+
+def decide_like_nemo_run(cls: Classification, history: list[dict[str, Any]], *, retries: int, ft: bool,
+                         finished_flag: bool) -> Decision:
+    """nemo_run's requeue rule (no policy), with preemptions, 'do not restart' and scancel honoured."""
+    kind = cls.error_type
+    if kind == "user_cancel":
+        return Decision("stop", "cancelled by a person (scancel): never retried", final=True, outcome="cancelled")
+    if kind == "do_not_restart":
+        return Decision("stop", "ft_launcher decided the job must not be restarted", final=True, outcome="stopped")
+    if kind == "rerun_failed_validation":
+        return Decision("stop", "the result failed validation (exit 17): needs a person", final=True,
+                        outcome="stopped")
+    if finished_flag or (kind == "finished" and not ft):
+        return Decision("stop", "training finished (finished flag)" if finished_flag else "training finished",
+                        final=True, outcome="finished")
+    if cls.mode is None:  # finished without the flag (FT template requeues it), preempted, system cancel
+        return Decision("requeue", f"{kind}: not a failure, requeued without spending a retry")
+    if ft:
+        in_a_row = 1
+        for a in reversed(history):
+            if (a.get("classification") or {}).get("mode") is None:
+                break
+            in_a_row += 1
+        if retries == 0 or in_a_row >= retries:
+            return Decision("stop", f"job failures limit reached: {in_a_row} failed attempt(s) in a row, "
+                            f"TORCHX_MAX_RETRIES={retries}", final=True, outcome="budget_exhausted")
+        return Decision("requeue", f"{kind}: failure {in_a_row} in a row of {retries} allowed", spent="crash")
+    used = len([a for a in _failures(history) if (a.get("decision") or {}).get("action") == "requeue"])
+    if used >= retries:
+        return Decision("stop", f"job failures limit reached: {used} failure requeue(s) of TORCHX_MAX_RETRIES="
+                        f"{retries}", final=True, outcome="budget_exhausted")
+    return Decision("requeue", f"{kind}: failure requeue {used + 1} of {retries}", spent="crash")

@@ -1,0 +1,182 @@
+"""Restart policies: what to do with an attempt that ended, given why (its classification).
+
+A policy file (YAML; the presets in ``presets/policies/`` are documented examples to copy)::
+
+    name: my_policy
+    description: why this policy
+    monitors: megatron_production      # what to recognise (a preset or a file); the plugin may override
+    max_restarts: {crash: 3, stall: 2, timeout: 1}   # job-level restarts per mode, over the whole chain
+    max_attempts_without_progress: 3   # failed attempts in a row that did not advance the checkpoint
+    exclude_nodes_after: 2             # a host named by hardware errors in this many attempts is excluded
+    exclude_error_types: [cuda_oom]    # never restarted, whatever the rules say
+    default_action: stop               # for error types no rule matches: requeue | stop
+    rules:                             # first match wins; every key given must match (lists are "any of")
+      - match: {error_type: [nccl_timeout], subsystem: [communication], signal: [SIGABRT]}
+        action: requeue                # requeue | requeue_excluding_nodes | stop
+
+Not failures, the same under every policy: a finished run stops, a person's ``scancel`` is never
+retried, a run that stopped on a signal (preemption, time-limit warning) or was preempted by the
+scheduler is requeued without spending a retry. Everything is validated when loaded (before
+submission): unknown keys, unknown error types/subsystems/actions, negative numbers, each error
+names the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs.monitors import read_yaml, resolve_path
+
+PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "policies")
+FILE_KEYS = ("name", "description", "monitors", "max_restarts", "max_attempts_without_progress",
+             "exclude_nodes_after", "exclude_error_types", "default_action", "rules")
+RULE_KEYS = ("match", "action")
+MATCH_KEYS = ("error_type", "subsystem", "signal")
+ACTIONS = ("requeue", "requeue_excluding_nodes", "stop")
+DEFAULT_ACTIONS = ("requeue", "stop")
+SIGNAL_NAMES = tuple(sorted(s.name for s in _signal.Signals if not s.name.startswith("SIG_")))
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: str
+    error_type: tuple[str, ...] = ()
+    subsystem: tuple[str, ...] = ()
+    signal: tuple[str, ...] = ()
+
+    def matches(self, error_type: str, subsystem: str, signal: str | None) -> bool:
+        return ((not self.error_type or error_type in self.error_type)
+                and (not self.subsystem or subsystem in self.subsystem)
+                and (not self.signal or signal in self.signal))
+
+    def to_dict(self) -> dict[str, Any]:
+        match = {k: list(getattr(self, k)) for k in MATCH_KEYS if getattr(self, k)}
+        return {"match": match, "action": self.action}
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    description: str = ""
+    monitors: tuple[str, ...] = ("megatron_production",)
+    max_restarts: dict[str, int] = field(default_factory=lambda: {"crash": 0, "stall": 0, "timeout": 0})
+    max_attempts_without_progress: int = 3
+    exclude_nodes_after: int = 0
+    exclude_error_types: tuple[str, ...] = ()
+    default_action: str = "stop"
+    rules: tuple[Rule, ...] = ()
+    source: str = ""
+
+    def action_for(self, error_type: str, subsystem: str, signal: str | None) -> tuple[str, str]:
+        """(action, why) for a failure; ``exclude_error_types`` always wins, then the first rule, then the default."""
+        if error_type in self.exclude_error_types:
+            return "stop", f"{error_type} is in exclude_error_types of policy {self.name}"
+        for i, rule in enumerate(self.rules):
+            if rule.matches(error_type, subsystem, signal):
+                return rule.action, f"rule {i} of policy {self.name} ({rule.to_dict()['match']})"
+        return self.default_action, f"default_action of policy {self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "monitors": list(self.monitors),
+                "max_restarts": dict(self.max_restarts),
+                "max_attempts_without_progress": self.max_attempts_without_progress,
+                "exclude_nodes_after": self.exclude_nodes_after,
+                "exclude_error_types": list(self.exclude_error_types), "default_action": self.default_action,
+                "rules": [r.to_dict() for r in self.rules]}
+
+
+def preset_names() -> list[str]:
+    return sorted(n[:-5] for n in os.listdir(PRESET_DIR) if n.endswith(".yaml"))
+
+
+def _names(source: str, key: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{source}: {key}: must be a non-empty list of {list(allowed)}, got {value!r}")
+    for item in value:
+        if item not in allowed:
+            raise ConfigError(f"{source}: {key}: must be one of {list(allowed)}, got {item!r}")
+    return tuple(value)
+
+
+def _count(source: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{source}: {key}: must be an integer >= 0, got {value!r}")
+    return value
+
+
+def policy_from_dict(data: dict[str, Any], *, source: str) -> Policy:
+    """A validated Policy; every error names ``source`` (the file) and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: must be a mapping with keys {list(FILE_KEYS)}, got {data!r}")
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: {unknown[0]}: unknown key; allowed keys: {list(FILE_KEYS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{source}: name: must be a non-empty string, got {name!r}")
+    monitors = data.get("monitors", "megatron_production")
+    monitors = (monitors,) if isinstance(monitors, str) else monitors
+    if not isinstance(monitors, (list, tuple)) or not monitors or not all(isinstance(m, str) for m in monitors):
+        raise ConfigError(f"{source}: monitors: must be a monitor preset name, a file or a list of them, "
+                          f"got {data.get('monitors')!r}")
+    restarts = data.get("max_restarts", {})
+    if not isinstance(restarts, dict):
+        raise ConfigError(f"{source}: max_restarts: must be a mapping of {list(taxonomy.MODES)} to integers >= 0, "
+                          f"got {restarts!r}")
+    for mode in restarts:
+        if mode not in taxonomy.MODES:
+            raise ConfigError(f"{source}: max_restarts.{mode}: unknown mode; allowed: {list(taxonomy.MODES)}")
+    max_restarts = {m: _count(source, f"max_restarts.{m}", restarts.get(m, 0)) for m in taxonomy.MODES}
+    default_action = data.get("default_action", "stop")
+    if default_action not in DEFAULT_ACTIONS:
+        raise ConfigError(f"{source}: default_action: must be one of {list(DEFAULT_ACTIONS)}, got {default_action!r}")
+    excluded = data.get("exclude_error_types") or []
+    excluded = _names(source, "exclude_error_types", excluded, taxonomy.NAMES) if excluded else ()
+    rules_raw = data.get("rules") or []
+    if not isinstance(rules_raw, list):
+        raise ConfigError(f"{source}: rules: must be a list of {{match: ..., action: ...}}, got {rules_raw!r}")
+    rules = tuple(_rule(source, i, raw) for i, raw in enumerate(rules_raw))
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{source}: description: must be a string, got {description!r}")
+    return Policy(
+        name=name, description=description.strip(), monitors=tuple(monitors), max_restarts=max_restarts,
+        max_attempts_without_progress=_count(source, "max_attempts_without_progress",
+                                             data.get("max_attempts_without_progress", 3)),
+        exclude_nodes_after=_count(source, "exclude_nodes_after", data.get("exclude_nodes_after", 0)),
+        exclude_error_types=excluded, default_action=default_action, rules=rules, source=source)
+
+
+def _rule(source: str, index: int, raw: Any) -> Rule:
+    where = f"rules[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: {where}: must be a mapping with keys {list(RULE_KEYS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(RULE_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: {where}.{unknown[0]}: unknown key; allowed keys: {list(RULE_KEYS)}")
+    action = raw.get("action")
+    if action not in ACTIONS:
+        raise ConfigError(f"{source}: {where}.action: must be one of {list(ACTIONS)}, got {action!r}")
+    match = raw.get("match")
+    if not isinstance(match, dict) or not match:
+        raise ConfigError(f"{source}: {where}.match: must be a mapping with one or more of {list(MATCH_KEYS)}, "
+                          f"got {match!r}")
+    unknown = sorted(set(match) - set(MATCH_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: {where}.match.{unknown[0]}: unknown key; allowed keys: {list(MATCH_KEYS)}")
+    allowed = {"error_type": taxonomy.NAMES, "subsystem": taxonomy.SUBSYSTEMS, "signal": SIGNAL_NAMES}
+    values = {k: _names(source, f"{where}.match.{k}", v, allowed[k]) for k, v in match.items()}
+    return Rule(action=action, **values)
+
+
+def load_policy(spec: str) -> Policy:
+    """A preset name (``megatron_transient``) or a YAML file path -> a validated Policy."""
+    path = resolve_path(spec, "policy", PRESET_DIR, preset_names())
+    return policy_from_dict(read_yaml(path, FILE_KEYS), source=path)

@@ -1,0 +1,102 @@
+"""The few Slurm commands the job-level room reads (scontrol, squeue, sacct, sinfo); all tolerate failure.
+
+Reads only; commands that change anything (requeue, update, sbatch, scancel) go through
+``Ledger.perform`` so the intent is on disk first.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from megatron_resilience.jobs.decision import Cluster
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+            "OUT_OF_MEMORY")
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+        "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+UNUSABLE_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "reboot", "unknown",
+                        "not_responding", "future", "inval", "power_down", "powered_down")
+
+
+def _run(cmd: list[str], timeout: float = 30.0) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def show_job(job_id: str) -> dict[str, str]:
+    """``scontrol -o show job`` as a dict ({} once slurmctld forgot the job)."""
+    out = _run(["scontrol", "-o", "show", "job", str(job_id)])
+    if not out or "JobState=" not in out:
+        return {}
+    return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+
+def expand_nodes(nodelist: str | None) -> list[str]:
+    if not nodelist or nodelist in ("(null)", "None", "None assigned"):
+        return []
+    out = _run(["scontrol", "show", "hostnames", nodelist])
+    return out.split() if out else [n for n in nodelist.split(",") if n and "[" not in n]
+
+
+def sacct_runs(job_id: str) -> list[dict[str, str]]:
+    """Every run of the job (a requeue adds one), oldest first, from accounting."""
+    fields = ["JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "Reason", "Partition"]
+    out = _run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", ",".join(fields)])
+    if not out:
+        return []
+    return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+
+def job_state(job_id: str) -> dict[str, Any]:
+    """State, restarts, exit code, nodes, reason: scontrol while slurmctld knows the job, else sacct."""
+    info = show_job(job_id)
+    if info:
+        return {"state": info.get("JobState", "").split()[0], "restarts": int(info.get("Restarts", "0") or 0),
+                "exit_code": info.get("ExitCode"), "nodes": expand_nodes(info.get("NodeList")),
+                "reason": info.get("Reason"), "exc_nodes": info.get("ExcNodeList"),
+                "job_name": info.get("JobName"), "stdout": info.get("StdOut"), "partition": info.get("Partition")}
+    runs = sacct_runs(job_id)
+    if not runs:
+        return {}
+    last = runs[-1]
+    return {"state": last["State"].split()[0], "restarts": len(runs) - 1, "exit_code": last["ExitCode"],
+            "nodes": expand_nodes(last.get("NodeList")), "reason": last.get("Reason"),
+            "partition": last.get("Partition"), "cancelled_by":
+            last["State"].split(" by ")[-1] if " by " in last["State"] else None}
+
+
+def cluster(partition: str | None) -> Cluster:
+    """The partition's nodes and which of them cannot take a job now (sinfo)."""
+    cmd = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
+    out = _run(cmd) or ""
+    nodes, unusable = [], []
+    for line in out.splitlines():
+        if "|" not in line:
+            continue
+        name, state = line.split("|", 1)
+        if name not in nodes:
+            nodes.append(name)
+        if state.rstrip("*~#!%$@^-").lower() in UNUSABLE_NODE_STATES:
+            unusable.append(name)
+    return Cluster(nodes=nodes, unusable=unusable, partition=partition or "")
+
+
+def live_jobs_named(name: str, *, stdout_dir: str | None = None) -> list[dict[str, str]]:
+    """This user's live jobs with this name (and, if given, writing their output into ``stdout_dir``)."""
+    out = _run(["squeue", "--me", "-h", "-n", name, "-o", "%i|%T|%Z"]) or ""
+    jobs = []
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) < 2:
+            continue
+        job = {"job_id": parts[0], "state": parts[1]}
+        if stdout_dir is not None:
+            info = show_job(parts[0])
+            if info and not (info.get("StdOut") or "").startswith(stdout_dir.rstrip("/") + "/"):
+                continue
+        jobs.append(job)
+    return jobs

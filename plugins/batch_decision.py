@@ -1,0 +1,177 @@
+"""The sbatch block that decides, when a Slurm attempt ends, whether the job continues (every plugin renders it).
+
+nemo_run's templates end with their own requeue rule: the FT template requeues until the finished
+flag exists or ``TORCHX_MAX_RETRIES`` attempts in a row failed, the plain template requeues a
+non-zero exit while ``TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT`` (so every preemption requeue spent
+a failure retry). This block takes that decision over, in the setup lines (before the template's
+own code runs):
+
+* ``scontrol`` becomes a shell function for the rest of the script: the template's
+  ``scontrol requeue $SLURM_JOB_ID`` is recorded and left to the decision; every other call runs as is;
+* ``TORCHX_MAX_RETRIES`` is kept in ``megatron_resilience_nemo_run_retries`` and raised so the
+  template's own failure limit (and its "limit reached" exit at the start of an attempt) never
+  decides; a job whose chain was stopped exits at once instead (``<job>_job_level_stopped``);
+* each attempt writes its job-level config JSON and an ``attempt_start`` ledger record;
+* the EXIT trap runs ``python -m megatron_resilience.jobs.batch_exit`` (no torch): classify the
+  attempt, decide (the ``RestartPolicyPlugin`` policy, else nemo_run's rule with preemptions never
+  counted as failures and ft_launcher's "do not restart" exit code honoured), record, requeue
+  (excluding nodes) or stop, and end the script with the right exit code (a failed last attempt is
+  FAILED in ``sacct``, not COMPLETED). If that program fails, the trap logs it and falls back to
+  nemo_run's own decision with the original ``TORCHX_MAX_RETRIES`` (and, without ft_launcher, the
+  preemption requeue from ``stop_reason.json``): the decision never makes things worse.
+
+``MEGATRON_RESILIENCE_PYTHON`` (default ``python3``) is the interpreter the trap runs; it must import
+this package where the batch script runs (the login/batch host, not a container).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any
+
+from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, resolve
+from megatron_resilience.plugins._executor import set_setup_block, slurm_job_file
+from megatron_resilience.upstream import import_nemo_run
+
+BLOCK = "job-level decision"
+STOP_REASON_FILE = "stop_reason.json"  # written by the trainer's rank 0 (resilience/hooks.py; checked in tests)
+RETRIES_WITHOUT_LIMIT = 1000000
+_POLICY = "_megatron_resilience_restart_policy"
+_NO_RESTART = "_megatron_resilience_no_restart_exit_code"
+
+
+def remember_policy(executor: Any, settings: dict[str, Any]) -> None:
+    """RestartPolicyPlugin: the resolved policy/monitors and watcher settings, for whichever plugin renders last."""
+    executor.__dict__[_POLICY] = settings
+
+
+def remember_no_restart_exit_code(executor: Any, code: int) -> None:
+    """FaultTolerancePlugin: ft_launcher's "do not restart" exit code when the user changed it (default 93)."""
+    executor.__dict__[_NO_RESTART] = code
+
+
+def uses_ft_launcher(launcher: Any) -> bool:
+    run = import_nemo_run()
+    return launcher == "ft" or isinstance(launcher, run.FaultTolerance)
+
+
+def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
+    """The job-level config of this job (policy None without a RestartPolicyPlugin)."""
+    settings = executor.__dict__.get(_POLICY)
+    if settings is None:
+        policy, monitors = resolve(None, None)
+        settings = {"policy": policy, "monitors": monitors}
+    flag_host, _ = slurm_job_file(executor, f"{executor.job_name}_finished_flag")
+    job_dir = os.path.dirname(flag_host)
+    run_dir = editor.run_dir() if editor is not None else None  # None: a trainer other than ours
+    checkpoint = editor.get("checkpoint.save") if run_dir is not None else None
+    return JobLevelConfig(
+        job_name=executor.job_name, job_dir=job_dir, ledger=ledger_path(run_dir, job_dir), finished_flag=flag_host,
+        run_dir=run_dir, stop_reason=os.path.join(run_dir, STOP_REASON_FILE) if run_dir else None,
+        metrics=os.path.join(run_dir, "metrics.jsonl") if run_dir else None,
+        checkpoint_dir=checkpoint if isinstance(checkpoint, str) else None, ft=uses_ft_launcher(executor.launcher),
+        no_restart_exit_code=executor.__dict__.get(_NO_RESTART, taxonomy.NVRX_NO_RESTART_EXIT_CODE),
+        cycle_info_dir=os.path.join(job_dir, "ft_cycle_info"),
+        cycle_log_prefix=os.path.join(job_dir, "ft_cycle_logs", "cycle"),
+        sbatch_script=os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh"),
+        **{k: v for k, v in settings.items() if k != "watch"})
+
+
+def install(executor: Any, editor: Any) -> None:
+    """(Re)render the decision block from everything the plugins recorded on this executor so far."""
+    cfg = job_level_config(executor, editor)
+    _, flag_step = slurm_job_file(executor, f"{executor.job_name}_finished_flag")
+    set_setup_block(executor, BLOCK, render(cfg, flag_step=flag_step))
+
+
+def render(cfg: JobLevelConfig, *, flag_step: str) -> str:
+    q = shlex.quote
+    flag, marker, config = q(cfg.finished_flag), q(cfg.stop_marker), q(cfg.path)
+    ledger, stop_reason = q(cfg.ledger), q(cfg.stop_reason or "")
+    lines = ["# The job-level decision (megatron_resilience.jobs): why this attempt ended, and whether the job",
+             "# continues; nemo_run's own requeue below is deferred to it (see plugins/batch_decision.py)"]
+    if not cfg.ft:  # nemo_run's FT setup exports it (and handles a finished requeued job) itself
+        lines.append(f"export FAULT_TOL_FINISHED_FLAG_FILE={q(flag_step)}")
+    lines += [
+        'megatron_resilience_attempt=$(( ${SLURM_RESTART_COUNT:-0} + ${MEGATRON_RESILIENCE_RESUBMISSION:-0} ))',
+        'if [ "$megatron_resilience_attempt" -gt 0 ]; then',
+        # before the stop marker: a finished run requeued by hand (or by Slurm) ends as finished, not as stopped
+        f'    if [ -f {flag} ]; then echo "Training is finished"; exit 0; fi',
+        f'    if [ -f {marker} ]; then echo "megatron_resilience: this run was stopped: $(cat {marker})"; exit 1; fi',
+        "else",
+        f"    rm -f {marker}" + ("" if cfg.ft else f" {flag}"),
+        "fi",
+    ]
+    if cfg.stop_reason:
+        lines.append(f"rm -f {stop_reason}")
+    lines += [
+        f"mkdir -p {q(os.path.dirname(cfg.ledger))}",
+        f"cat > {config} <<'MEGATRON_RESILIENCE_JOB_LEVEL'",
+        json.dumps(json.loads(cfg.to_json()), sort_keys=True, indent=1),
+        "MEGATRON_RESILIENCE_JOB_LEVEL",
+        'megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)',
+        f"megatron_resilience_offset=$(stat -c %s {q(cfg.job_dir)}/sbatch_*_\"$SLURM_JOB_ID\".out 2>/dev/null "
+        "| head -n 1)",
+        "printf '{\"v\":1,\"kind\":\"attempt_start\",\"job_id\":\"%s\",\"job_name\":\"%s\",\"slurm_restart\":%d,"
+        "\"resubmission\":%d,\"nodes\":\"%s\",\"host\":\"%s\",\"time\":%s,\"batch_log_offset\":%d,"
+        "\"config\":\"%s\"}\\n' \"$SLURM_JOB_ID\" \"$SLURM_JOB_NAME\" \"${SLURM_RESTART_COUNT:-0}\" "
+        "\"${MEGATRON_RESILIENCE_RESUBMISSION:-0}\" \"$megatron_resilience_nodes\" \"$(hostname)\" \"$(date +%s.%N)\" "
+        f"\"${{megatron_resilience_offset:-0}}\" {config} >> {ledger}",
+        "megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}",
+        f"export TORCHX_MAX_RETRIES={RETRIES_WITHOUT_LIMIT}  # nemo_run's own failure limit never decides; see above",
+        "scontrol() {",
+        '    if [ "$1" = requeue ] && [ "$2" = "$SLURM_JOB_ID" ]; then',
+        '        echo "megatron_resilience: nemo_run asks to requeue $SLURM_JOB_ID: left to the job-level decision"',
+        "        return 0",
+        "    fi",
+        '    command scontrol "$@"',
+        "}",
+        'exitcode=""  # set by nemo_run after the job step; empty: the step never ran',
+        "megatron_resilience_fallback() {",
+        "    # nemo_run's own decision with its TORCHX_MAX_RETRIES, for when the classifier cannot run",
+        "    export TORCHX_MAX_RETRIES=$megatron_resilience_nemo_run_retries",
+    ]
+    if cfg.ft:
+        lines += [
+            "    if ! (is_training_finished || is_job_failures_limit_reached); then",
+            '        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"',
+            "    fi",
+        ]
+    else:
+        lines += [
+            '    if [ "$exitcode" -ne 0 ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then',
+            '        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"',
+            "    fi",
+        ]
+        if cfg.stop_reason:
+            lines += [
+                f"    if [ ! -f {flag} ] && [ -f {stop_reason} ] && grep -Eq '\"exit_code\": ?0[,}}]' {stop_reason} \\",
+                f"            && grep -Eq '\"finished\": ?false' {stop_reason}; then",
+                '        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"',
+                "    fi",
+            ]
+    lines += [
+        '    exit "$exitcode"',
+        "}",
+        "megatron_resilience_decide() {",
+        "    local status=$? out rc code",
+        "    { set +exv; } 2>/dev/null",
+        "    trap '' TERM  # our own requeue makes Slurm signal this shell at once: finish recording first",
+        '    [ -n "$exitcode" ] || exit "$status"',
+        '    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit '
+        f'--config {config} --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" 2>&1)',
+        "    rc=$?",
+        '    printf "%s\\n" "$out"',
+        "    code=$(printf '%s\\n' \"$out\" | sed -n 's/^megatron_resilience: batch exit code \\([0-9]*\\)$/\\1/p' "
+        "| tail -n 1)",
+        '    if [ "$rc" = 0 ] && [ -n "$code" ]; then exit "$code"; fi',
+        '    echo "megatron_resilience: the job-level classifier failed (exit $rc);" \\',
+        '        "falling back to nemo_run\'s decision"',
+        "    megatron_resilience_fallback",
+        "}",
+        "trap megatron_resilience_decide EXIT",
+    ]
+    return "\n".join(lines)
