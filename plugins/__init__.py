@@ -2,11 +2,23 @@
 
 ``FaultTolerancePlugin`` runs the trainer under ft_launcher with in-job restarts and job retries;
 ``PreemptionPlugin`` makes Slurm signal the trainer before the time limit so it checkpoints and is
-requeued; ``preview`` renders the sbatch script a job would run without submitting it.
+requeued; ``RestartPolicyPlugin`` decides per attempt, from why it ended, whether the job continues;
+``preview`` renders the sbatch script a job would run without submitting it. For a ``run.Script``
+running another trainer, ``script_args_converter_fn`` turns the plugins' ``...ScriptArgs`` into its
+command-line arguments (Megatron-Bridge's API; ``megatron_lm_args`` and ``megatron_bridge_args`` are
+built in).
 """
 
 from megatron_resilience.plugins.fault_tolerance import FaultTolerancePlugin
 from megatron_resilience.plugins.preemption import PreemptionPlugin
 from megatron_resilience.plugins.preview import preview
+from megatron_resilience.plugins.restart_policy import RestartPolicyPlugin
+from megatron_resilience.plugins.script_args import (
+    FaultTolerancePluginScriptArgs,
+    PreemptionPluginScriptArgs,
+    megatron_bridge_args,
+    megatron_lm_args,
+)
 
-__all__ = ["FaultTolerancePlugin", "PreemptionPlugin", "preview"]
+__all__ = ["FaultTolerancePlugin", "FaultTolerancePluginScriptArgs", "PreemptionPlugin", "PreemptionPluginScriptArgs",
+           "RestartPolicyPlugin", "megatron_bridge_args", "megatron_lm_args", "preview"]

@@ -17,24 +17,10 @@ from megatron_resilience.upstream import LAUNCHER_FORWARDED_SIGNALS, import_nemo
 
 log = logging.getLogger("megatron_resilience.plugins")
 
-SUPPORTED_EXECUTORS = ("run.SlurmExecutor", "run.LocalExecutor")
 _CLAIMS = "_megatron_resilience_plugins"
 _PREEMPTION_SIGNAL = "_megatron_resilience_preemption_signal"
 _BLOCK_BEGIN = "# >>> megatron_resilience {name} >>>"
 _BLOCK_END = "# <<< megatron_resilience {name} <<<"
-
-
-def executor_kind(executor: Any, plugin: str) -> str:
-    """"slurm" or "local"; any other executor is rejected with the supported ones named."""
-    run = import_nemo_run()
-    if isinstance(executor, run.SlurmExecutor):
-        if executor.heterogeneous:
-            raise ConfigError(f"{plugin}: heterogeneous SlurmExecutor jobs are not supported")
-        return "slurm"
-    if isinstance(executor, run.LocalExecutor):
-        return "local"
-    raise ConfigError(f"{plugin}: unsupported executor {type(executor).__name__}; "
-                      f"supported executors: {', '.join(SUPPORTED_EXECUTORS)}")
 
 
 def claim(executor: Any, plugin: str) -> None:
@@ -57,31 +43,8 @@ def disable_nsys(executor: Any, editor: Any, plugin: str, reason: str) -> None:
         launcher.nsys_profile = False
         log.warning("%s: turned off nsys profiling requested on executor.launcher (nsys_profile=True -> False): %s",
                     plugin, reason)
-    if editor.drop_nsys():
+    if editor is not None and editor.drop_nsys():
         log.warning("%s: removed the 'nsys' wrapper from the task's trainer command: %s", plugin, reason)
-
-
-def slurm_time_seconds(text: Any) -> int | None:
-    """Slurm ``--time`` in seconds (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``).
-
-    None for "infinite"/"unlimited"/empty; ConfigError for anything else Slurm would reject.
-    """
-    raw = str(text).strip() if text is not None else ""
-    if raw.lower() in ("", "infinite", "unlimited"):
-        return None
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", raw)
-    if not m:
-        raise ConfigError(f"executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got {text!r}")
-    days, a, b, c = m.groups()
-    nums = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:
-        hours, minutes, seconds = (nums + [0, 0])[:3]
-        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    if len(nums) == 1:
-        return nums[0] * 60
-    if len(nums) == 2:
-        return nums[0] * 60 + nums[1]
-    return nums[0] * 3600 + nums[1] * 60 + nums[2]
 
 
 def set_setup_block(executor: Any, name: str, body: str | None) -> None:
@@ -120,7 +83,8 @@ def slurm_job_file(executor: Any, filename: str) -> tuple[str, str]:
 
 
 # Env vars the plugins set, exported after the user's own in this order whatever order the plugins ran in.
-PLUGIN_ENV_ORDER = ("PET_FT_CFG_PATH", "PET_FAULT_TOL_CFG_PATH", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+PLUGIN_ENV_ORDER = ("PET_FT_CFG_PATH", "PET_FAULT_TOL_CFG_PATH", "PET_FT_PER_CYCLE_APPLOG_PREFIX", "NVRX_GPUS_PER_NUMA",
+                    "PET_RDZV_CONF", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
 
 
 def set_env(executor: Any, key: str, value: str) -> None:

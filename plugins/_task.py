@@ -1,6 +1,6 @@
-"""Read and change trainer settings on the task a plugin receives, whatever form the task has.
+"""Read and change megatron_resilience's trainer settings on a task, whatever form the task has.
 
-Two task forms reach the plugins:
+Two task forms run our trainer:
 
 * ``run.Partial(megatron_resilience.entry.pretrain, ft=run.Config(FaultToleranceConfig, ...), ...)``:
   settings are set on the section's ``run.Config`` (created when the section is left at its default).
@@ -10,7 +10,8 @@ Two task forms reach the plugins:
   overrides (the last occurrence wins in ``config_from_overrides``).
 
 Every change is logged (``megatron_resilience.plugins``): a plugin that silently flips a user's
-setting is a debugging trap. Anything else is rejected with the supported forms listed.
+setting is a debugging trap. Other trainers are reached through converters (``task_settings``); an
+inline script that runs our trainer in a way that cannot be made signal-safe is rejected.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import typing
 from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
+from megatron_resilience.config.aliases import canonical_key
 from megatron_resilience.config.overrides import config_from_overrides
 from megatron_resilience.upstream import import_nemo_run
 
@@ -46,7 +48,8 @@ def _section_class(section: str) -> type:
 
 def _default(key: str) -> Any:
     section, _, name = key.partition(".")
-    return {f.name: f for f in dataclasses.fields(_section_class(section))}[name].default
+    spec = {f.name: f for f in dataclasses.fields(_section_class(section))}[name]
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
 
 
 def _as_override(key: str, value: Any) -> str:
@@ -212,7 +215,7 @@ class ScriptEditor(TaskEditor):
         found, raw = False, None
         for item in self._overrides():
             k, sep, v = item.partition("=")
-            if sep and k.strip().removeprefix("--") == key:
+            if sep and canonical_key(k.strip().removeprefix("--")) == key:
                 found, raw = True, v
         if not found:
             return False, None
@@ -263,23 +266,41 @@ class ScriptEditor(TaskEditor):
         return True
 
 
-def task_editor(task: Any, plugin: str) -> TaskEditor:
-    """The editor for ``task``, or a ConfigError naming the supported task forms."""
+def describe_task(task: Any) -> str:
+    """A short name for a task in log lines and errors."""
     run = import_nemo_run()
     if isinstance(task, run.Script):
         if task.inline:
+            return "run.Script(inline=...)"
+        return f"run.Script(path={task.path!r}, m={task.m}, entrypoint={task.entrypoint!r})"
+    if isinstance(task, run.Partial):
+        fn = task.__fn_or_cls__
+        return f"run.Partial({getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')})"
+    return type(task).__name__
+
+
+def our_trainer_editor(task: Any, plugin: str) -> TaskEditor | None:
+    """The editor when ``task`` runs megatron_resilience's trainer; None for any other trainer.
+
+    An inline script that runs our trainer in a way the plugins cannot make signal-safe (twice, not as
+    its last command, inside a pipeline) is a ConfigError naming the supported forms.
+    """
+    run = import_nemo_run()
+    if isinstance(task, run.Script):
+        if task.inline:
+            lines = task.inline.replace("\\\n", " ").split("\n")
+            if all(ScriptEditor._trainer_index(ScriptEditor._tokens(line)) is None for line in lines):
+                return None
             return ScriptEditor(task, plugin)
         if task.path == MODULE and task.m and "python" in os.path.basename(task.entrypoint):
             return ScriptEditor(task, plugin)
-        raise ConfigError(f"{plugin}: unsupported task run.Script(path={task.path!r}, m={task.m}, "
-                          f"entrypoint={task.entrypoint!r}); supported tasks: {SUPPORTED_TASKS}")
+        return None
     if isinstance(task, run.Partial):
         fn = task.__fn_or_cls__
         name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
-        if name == ENTRY:
-            return PartialEditor(task, plugin)
-        raise ConfigError(f"{plugin}: unsupported task run.Partial({name}); supported tasks: {SUPPORTED_TASKS}")
-    raise ConfigError(f"{plugin}: unsupported task type {type(task).__name__}; supported tasks: {SUPPORTED_TASKS}")
+        return PartialEditor(task, plugin) if name == ENTRY else None
+    raise ConfigError(f"{plugin}: unsupported task type {type(task).__name__}; a task is a run.Partial or a "
+                      f"run.Script")
 
 
-__all__ = ["SUPPORTED_TASKS", "TaskEditor", "task_editor"]
+__all__ = ["SUPPORTED_TASKS", "TaskEditor", "describe_task", "our_trainer_editor"]

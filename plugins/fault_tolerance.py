@@ -1,44 +1,74 @@
 """FaultTolerancePlugin: run the trainer under nvidia-resiliency-ext's ft_launcher with restarts and retries.
 
-What ``setup`` does (on nemo_run's clones of the task and executor, before anything is submitted):
+What ``setup`` does (on nemo_run's clones of the task and executor, before anything is submitted).
+Executor side, the same for every task:
 
-* task: ``ft.enabled`` (= ``enable_ft_package``) and ``ft.calc_ft_timeouts``;
 * executor.launcher: ``run.FaultTolerance`` with every FT field explicit (never nemo_run's all-None
   form, which renders ``--ignore-missing-fault-tol-cfg``, removed in nvidia-resiliency-ext 0.5) and
   ``max_restarts = num_in_job_restarts``; rendezvous settings of a user's torchrun launcher carried over;
-* SlurmExecutor: executor.retries = ``num_job_retries_on_failure + 1``. It only becomes
-  ``TORCHX_MAX_RETRIES`` in the sbatch script, and nemo_run's FT teardown stops requeueing once that
-  many attempts *in a row* failed (0 = never requeue); so a job whose every attempt fails runs
-  ``1 + num_job_retries_on_failure`` times. A preempted attempt (exit 0, not finished) is recorded as a
-  success and breaks the row. (LocalExecutor: nemo_run has no job-level retries; executor.retries is left alone.)
-* SlurmExecutor: an EXIT trap (``EXIT_STATUS_BLOCK``) makes the batch script end with the job step's
-  exit code when the teardown does not requeue: nemo_run's teardown then falls off the end of the
-  script (exit 0), and Slurm would record the last failed attempt as COMPLETED;
+* job retries (``executor.py`` says per executor): on Slurm ``executor.retries = num_job_retries_on_failure
+  + 1``. It only becomes ``TORCHX_MAX_RETRIES`` in the sbatch script, and nemo_run's FT teardown stops
+  requeueing once that many attempts *in a row* failed (0 = never requeue); so a job whose every attempt
+  fails runs ``1 + num_job_retries_on_failure`` times. A preempted attempt (exit 0, not finished) is
+  recorded as a success and breaks the row. On Docker it is the restart count (N);
+* SlurmExecutor: the job-level decision block (``batch_decision``) decides the requeue when an attempt
+  ends, and ends the batch script with the job step's exit code when it does not requeue (so Slurm
+  records a failed last attempt as FAILED, not COMPLETED);
 * the complete FT config, incl. section timeouts that nemo_run has no field for, as YAML that
-  ft_launcher reads through ``PET_FT_CFG_PATH`` (see ``ft_config``);
+  ft_launcher reads through ``PET_FT_CFG_PATH`` (see ``ft_config``), plus ft_launcher's safety features
+  (``ft_features``) as config keys, environment variables or, where ft_launcher reads them only from its
+  command line, flags the sbatch script adds;
+* SlurmExecutor with nodes > 1: ``PET_RDZV_CONF=join_timeout=<rdzv_join_timeout>`` (ft_launcher's
+  ``--rdzv-conf``): how long the agents wait for every node at a rendezvous, so also how long the
+  surviving agents wait after a node is lost before they exit non-zero and the job is requeued. Without
+  it the wait is whatever the container's nvidia-resiliency-ext picks (900 s in 0.4, 300 s in 0.7);
 * nsys profiling requested on the launcher or the task is turned off, with a warning.
 
-``ft.mode`` of the task decides heartbeat vs section timeouts (see ``ft_config``). Every change to a
-user setting is logged on ``megatron_resilience.plugins``.
+Task side (``task_settings``): our trainer gets ``ft.enabled`` (= ``enable_ft_package``) and
+``ft.calc_ft_timeouts``; a Megatron-LM or Megatron-Bridge script (or any script, with
+``script_args_converter_fn``) gets the converted ``FaultTolerancePluginScriptArgs``; anything else is
+left alone with one warning. Heartbeat vs section timeouts follow ``mode`` (default: our trainer's
+``ft.mode``; sections for other trainers, which is what Megatron-LM and Megatron-Bridge monitor).
+Every change to a user setting is logged on ``megatron_resilience.plugins``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, check_positive, fail
-from megatron_resilience.upstream import (
-    NEMO_RUN_FT_PARAM_FIELDS, ft_cfg_path_env, ft_launcher_accepts_nemo_run_flags, import_nemo_run,
-    nemo_run_ft_param_flag, nvrx_version_for_rendering, parse_version, unaccepted_ft_launcher_flags,
-)
-from megatron_resilience.plugins import ft_config
+from megatron_resilience.plugins import batch_decision, ft_config, ft_features
 from megatron_resilience.plugins._executor import (
-    check_signal_reaches_trainer, claim, disable_nsys, executor_kind, set_env, set_setup_block, slurm_job_file,
+    check_signal_reaches_trainer,
+    claim,
+    disable_nsys,
+    set_env,
+    set_setup_block,
+    slurm_job_file,
 )
-from megatron_resilience.plugins._task import task_editor
+from megatron_resilience.plugins.executors import executor_profile
+from megatron_resilience.plugins.script_args import FaultTolerancePluginScriptArgs
+from megatron_resilience.plugins.task_check import check_task
+from megatron_resilience.plugins.task_settings import (
+    append_script_args,
+    trainer_paths,
+    trainer_target,
+    warn_unknown_trainer,
+)
+from megatron_resilience.upstream import (
+    NEMO_RUN_FT_PARAM_FIELDS,
+    ft_cfg_path_env,
+    ft_launcher_accepts_nemo_run_flags,
+    import_nemo_run,
+    nemo_run_ft_param_flag,
+    nvrx_version_for_rendering,
+    parse_version,
+    unaccepted_ft_launcher_flags,
+)
 
 run = import_nemo_run()
 log = logging.getLogger("megatron_resilience.plugins")
@@ -46,47 +76,26 @@ log = logging.getLogger("megatron_resilience.plugins")
 NAME = "FaultTolerancePlugin"
 TERMINATION_SIGNALS = CATCHABLE_SIGNALS + ("SIGKILL",)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+FT_MODES = ("sections", "heartbeats")
 FT_CFG_BLOCK = "FaultTolerancePlugin ft_launcher config"
-PREEMPT_REQUEUE_BLOCK = "PreemptionPlugin requeue"  # nemo_run's FT teardown requeues instead (see preemption.py)
-EXIT_STATUS_BLOCK = "FaultTolerancePlugin exit status"
-
-
-def exit_status_block() -> str:
-    """sbatch lines: when nemo_run's FT teardown does not requeue, end the script with the step's exit code.
-
-    The teardown ends with ``if ! (finished || failures limit reached); then requeue; exit $exitcode; fi``:
-    when it does not requeue, the script falls off its end with status 0 and Slurm records the job
-    COMPLETED even after the last allowed attempt failed. The trap changes only that case (script
-    status 0, step status non-zero); a requeued attempt and a finished one (step exit 0) end as before.
-    The rerun state machine's exit 17 (touches the finished flag, never requeued) now ends FAILED too:
-    a result that failed validation is for a person to look at. The trap replaces an EXIT trap that a
-    user's ``setup_lines`` set before it (bash keeps one per signal).
-    ``exitcode`` is the variable nemo_run's script sets from the srun; set here so an inherited
-    environment variable of that name cannot leak in when the script exits before the srun.
-    """
-    return (
-        "# nemo_run's FT teardown falls off the end of this script (status 0) when it does not requeue; then end\n"
-        "# with the job step's exit code, so Slurm records a failed last attempt as FAILED, not COMPLETED\n"
-        "exitcode=0\n"
-        "megatron_resilience_exit_with_step_code() {\n"
-        "    local status=$?\n"
-        '    if [ "$status" = 0 ] && [ "$exitcode" != 0 ]; then\n'
-        '        echo "Not requeued: the batch script exits with the job step\'s exit code $exitcode"\n'
-        '        exit "$exitcode"\n'
-        "    fi\n"
-        "}\n"
-        "trap megatron_resilience_exit_with_step_code EXIT"
-    )
+FT_FLAGS_BLOCK = "FaultTolerancePlugin ft_launcher flags"
+RDZV_CONF_ENV = "PET_RDZV_CONF"
+CONTAINER_FT_CFG_DIR = "/megatron_resilience/ft_configs"  # where Docker/SkyPilot jobs see the FT config file
 
 
 @dataclass(kw_only=True)
 class FaultTolerancePlugin(run.Plugin):
-    """Fault tolerance for ``megatron_resilience`` pretraining on Slurm or the local machine.
+    """Fault tolerance (nvidia-resiliency-ext's ft_launcher) for any trainer on any NeMo-Run executor.
 
-    Timeouts are seconds. Section timeouts apply with the trainer's ``ft.mode=sections`` (default),
-    heartbeat timeouts with ``ft.mode=heartbeats``; a section timeout of None means no limit.
-    ``nvrx_version`` is the nvidia-resiliency-ext version of the cluster's container, used to render
-    ft_launcher's flags; None -> the version installed where you submit.
+    The first fields and their defaults are Megatron-Bridge's and NeMo 2.0's. Timeouts are seconds;
+    section timeouts apply with ``mode="sections"``, heartbeat timeouts with ``mode="heartbeats"``; a
+    section timeout of None means no limit. ``nvrx_version`` is the nvidia-resiliency-ext release of the
+    cluster's container, used to render ft_launcher's settings; None -> the one installed where you submit.
+    ``rdzv_join_timeout`` (whole seconds, multi-node Slurm jobs): every node must join each rendezvous round
+    (the first and the one after every in-job restart) within it; after a node is lost the other agents
+    give up after it (exit 1) and the job is requeued. It must cover the nodes' start-up skew.
+    The remaining fields are ft_launcher's safety features (README: which release has which); None or
+    False leaves ft_launcher's own default.
     """
 
     enable_ft_package: bool = True
@@ -95,6 +104,7 @@ class FaultTolerancePlugin(run.Plugin):
     num_job_retries_on_failure: int = 2
     initial_rank_heartbeat_timeout: float = 1800.0
     rank_heartbeat_timeout: float = 300.0
+    script_args_converter_fn: Callable[[FaultTolerancePluginScriptArgs], list[str]] | None = None
     setup_timeout: float | None = 600.0
     step_timeout: float | None = 180.0
     checkpointing_timeout: float | None = 420.0
@@ -102,7 +112,29 @@ class FaultTolerancePlugin(run.Plugin):
     workload_check_interval: float = 5.0
     rank_termination_signal: str = "SIGKILL"
     log_level: str = "INFO"
+    mode: str | None = None
     nvrx_version: str | None = None
+    rdzv_join_timeout: int = 600
+    # ft_launcher safety features
+    restart_policy: str | None = None
+    use_infra_group_rank: bool | None = None
+    node_health_check_endpoint: str | None = None
+    enable_dist_storage_healthcheck: bool = False
+    storage_health_check: bool = False
+    storage_health_check_paths: list[str] | None = None
+    gpu_memory_reclaim_timeout: float | None = None
+    gpu_memory_tolerance_mb: float | None = None
+    gpu_memory_poll_interval: float | None = None
+    gpus_per_numa: int | None = None
+    numa_bind_strict: bool | None = None
+    attribution_endpoint: str | None = None
+    attribution_stop_action: str | None = None
+    per_cycle_logs: bool = False
+    cycle_info: bool = False
+    max_no_progress_cycles: int | None = None
+    min_progress_iterations: int | None = None
+    checkpoint_iteration_file: str | None = None
+    no_restart_exit_code: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("enable_ft_package", "calc_ft_timeouts"):
@@ -110,6 +142,7 @@ class FaultTolerancePlugin(run.Plugin):
                 fail(f"{NAME}.{name}", "must be true or false", getattr(self, name))
         check_int(f"{NAME}.num_in_job_restarts", self.num_in_job_restarts, minimum=0)
         check_int(f"{NAME}.num_job_retries_on_failure", self.num_job_retries_on_failure, minimum=0)
+        check_int(f"{NAME}.rdzv_join_timeout", self.rdzv_join_timeout, minimum=1)
         for name in ("initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "workload_check_interval"):
             check_positive(f"{NAME}.{name}", getattr(self, name))
         for name in ("setup_timeout", "step_timeout", "checkpointing_timeout", "out_of_section_timeout"):
@@ -119,25 +152,29 @@ class FaultTolerancePlugin(run.Plugin):
                  self.rank_termination_signal)
         if self.log_level not in LOG_LEVELS:
             fail(f"{NAME}.log_level", f"must be one of {list(LOG_LEVELS)}", self.log_level)
+        if self.mode is not None and self.mode not in FT_MODES:
+            fail(f"{NAME}.mode", f"must be one of {list(FT_MODES)} (or None: the trainer's own)", self.mode)
+        if self.script_args_converter_fn is not None and not callable(self.script_args_converter_fn):
+            fail(f"{NAME}.script_args_converter_fn", "must be a function of FaultTolerancePluginScriptArgs",
+                 self.script_args_converter_fn)
         if self.nvrx_version is not None:
             try:
                 parse_version(self.nvrx_version)
             except ValueError:
                 fail(f"{NAME}.nvrx_version", "must be a version like '0.7' or '0.4.1' (or None: the installed one)",
                      self.nvrx_version)
+        ft_features.validate(self)
 
     # ----------------------------------------------------------------------------------------------------------
     def setup(self, task: Any, executor: Any) -> None:
-        kind = executor_kind(executor, NAME)
+        profile = executor_profile(executor, NAME)
         claim(executor, NAME)
-        editor = task_editor(task, NAME)
+        check_task(task, executor)  # the same submit-time check as preview() and the CLI
         version, source = nvrx_version_for_rendering(self.nvrx_version)
+        target = trainer_target(task, NAME, self.script_args_converter_fn)
+        mode = self._trainer_settings(target, profile)
 
-        editor.set("ft.enabled", self.enable_ft_package, "enable_ft_package")
-        editor.set("ft.calc_ft_timeouts", self.calc_ft_timeouts, "calc_ft_timeouts")
-        mode = editor.get("ft.mode")
-
-        executor.launcher = self._launcher(executor.launcher, mode, version)
+        executor.launcher = self._launcher(executor.launcher, mode, version, profile)
         check_signal_reaches_trainer(executor, NAME)
         executor._launcher_setup = False  # nemo_run derives the FT file paths when it sets the launcher up
         rendered = [nemo_run_ft_param_flag(f) for f in NEMO_RUN_FT_PARAM_FIELDS if getattr(executor.launcher, f)]
@@ -145,30 +182,57 @@ class FaultTolerancePlugin(run.Plugin):
         if bad:  # cannot happen by construction; a guard against nemo_run changing its spelling
             raise ConfigError(f"{NAME}: ft_launcher of nvidia-resiliency-ext {'.'.join(map(str, version))} "
                               f"would reject {bad}")
-        if kind == "slurm":
+        if profile.is_slurm:
             self._check_ranks_per_node(executor)
-        disable_nsys(executor, editor, NAME, "nsys would wrap ft_launcher and be restarted with it, and "
+        disable_nsys(executor, target.editor, NAME, "nsys would wrap ft_launcher and be restarted with it, and "
                      "signals and in-job restarts would not reach the training ranks")
-        if kind == "slurm":
-            self._set_retries(executor)
+        self._set_retries(executor, profile)
 
-        yaml_text = ft_config.render_yaml(ft_config.ft_settings(self, mode))
-        env = ft_cfg_path_env(version)
-        if kind == "slurm":
-            host_path, step_path = slurm_job_file(executor, f"{executor.job_name}_ft_cfg.yml")
-            set_setup_block(executor, FT_CFG_BLOCK, ft_config.sbatch_block(host_path, yaml_text))
-            set_setup_block(executor, EXIT_STATUS_BLOCK, exit_status_block())
-            set_setup_block(executor, PREEMPT_REQUEUE_BLOCK, None)
-        else:
-            from nemo_run.config import get_nemorun_home
-
-            step_path = ft_config.write_local(get_nemorun_home(), yaml_text)
-        self._set_env(executor, env, step_path)
-        log.info("%s: ft_launcher rendered for nvidia-resiliency-ext %s (%s); ft.mode=%s; FT config at %s",
-                 NAME, ".".join(map(str, version)), source, mode, step_path)
+        place = self._job_place(executor, profile)
+        extras = ft_features.render(self, version, source, profile, trainer_paths(target), place)
+        yaml_text = ft_config.render_yaml({**ft_config.ft_settings(self, mode), **extras.yaml})
+        path = self._ship_config(executor, profile, version, yaml_text, extras)
+        for key, value in extras.env.items():
+            self._set_env(executor, key, value)
+        if profile.is_slurm and (executor.nodes or 1) > 1:
+            self._set_rdzv_join_timeout(executor)
+        code = ft_features.no_restart_exit_code(self, version)
+        if profile.is_slurm:
+            if code is not None:  # the batch script's decision does not requeue a job ft_launcher gave up on
+                batch_decision.remember_no_restart_exit_code(executor, code)
+            batch_decision.install(executor, target.editor)
+        log.info("%s: ft_launcher rendered for nvidia-resiliency-ext %s (%s); mode=%s; FT config at %s",
+                 NAME, ".".join(map(str, version)), source, mode, path)
 
     # ----------------------------------------------------------------------------------------------------------
-    def _wanted_fields(self, mode: str, version: tuple[int, ...]) -> dict[str, Any]:
+    def _trainer_settings(self, target: Any, profile: Any) -> str:
+        """Enable FT in the trainer; returns the FT mode the launcher is set up for."""
+        if target.editor is not None:
+            editor = target.editor
+            editor.set("ft.enabled", self.enable_ft_package, "enable_ft_package")
+            editor.set("ft.calc_ft_timeouts", self.calc_ft_timeouts, "calc_ft_timeouts")
+            if self.mode is not None:
+                editor.set("ft.mode", self.mode, "mode")
+            return editor.get("ft.mode")
+        if target.converter is not None:
+            append_script_args(target, NAME, FaultTolerancePluginScriptArgs(
+                enable_ft_package=self.enable_ft_package, calc_ft_timeouts=self.calc_ft_timeouts))
+        else:
+            warn_unknown_trainer(target, NAME, "talk to ft_launcher's rank monitor (nvidia-resiliency-ext's "
+                                 "RankMonitorClient: sections setup/step/checkpointing, or heartbeats with "
+                                 "mode='heartbeats'), i.e. enable_ft_package, and learn timeouts if wanted "
+                                 "(calc_ft_timeouts)")
+        if profile.is_slurm:
+            log.info("%s: on Slurm the trainer must touch $FAULT_TOL_FINISHED_FLAG_FILE when training finished "
+                     "(nvidia-resiliency-ext's autoresume contract): nemo_run's FT sbatch script requeues the job "
+                     "until it does or the failure limit is reached", NAME)
+        if self.mode is None:
+            log.info("%s: mode=sections for a trainer other than megatron_resilience (Megatron-LM and "
+                     "Megatron-Bridge report setup/step/checkpointing sections); set mode='heartbeats' for one "
+                     "that sends heartbeats", NAME)
+        return self.mode or "sections"
+
+    def _wanted_fields(self, mode: str, version: tuple[int, ...], profile: Any) -> dict[str, Any]:
         heartbeats = mode == "heartbeats"
         fields = {
             "workload_check_interval": float(self.workload_check_interval),
@@ -179,7 +243,7 @@ class FaultTolerancePlugin(run.Plugin):
             "max_restarts": self.num_in_job_restarts,
         }
         if not heartbeats:
-            log.info("%s: ft.mode=sections: heartbeat timeouts are not set (section messages do not reset the "
+            log.info("%s: mode=sections: heartbeat timeouts are not set (section messages do not reset the "
                      "heartbeat timer); hangs are caught by the section timeouts setup=%s step=%s "
                      "checkpointing=%s out-of-section=%s", NAME, self.setup_timeout, self.step_timeout,
                      self.checkpointing_timeout, self.out_of_section_timeout)
@@ -188,16 +252,19 @@ class FaultTolerancePlugin(run.Plugin):
                 fields[name] = None
             log.info("%s: nvidia-resiliency-ext %s does not accept nemo_run's --ft-<field> flags: all FT settings "
                      "go through the FT config file only", NAME, ".".join(map(str, version)))
+        if not profile.max_restarts:
+            log.info("%s: num_in_job_restarts=%d does not apply on %s: nemo_run drops ft_launcher's --max-restarts "
+                     "there", NAME, self.num_in_job_restarts, profile.name)
         return fields
 
-    def _launcher(self, current: Any, mode: str, version: tuple[int, ...]) -> Any:
+    def _launcher(self, current: Any, mode: str, version: tuple[int, ...], profile: Any) -> Any:
         from nemo_run.core.execution.launcher import LAUNCHER_MAP, Launcher
 
         if isinstance(current, str):
             if current not in LAUNCHER_MAP:
                 raise ConfigError(f"{NAME}: unknown executor.launcher {current!r}; known: {sorted(LAUNCHER_MAP)}")
             current = LAUNCHER_MAP[current]()
-        wanted = self._wanted_fields(mode, version)
+        wanted = self._wanted_fields(mode, version, profile)
         carry: dict[str, Any] = {}
         if current is None or type(current) is Launcher:
             log.info("%s: executor.launcher: %s -> ft_launcher (run.FaultTolerance)", NAME,
@@ -208,7 +275,7 @@ class FaultTolerancePlugin(run.Plugin):
                 if user is not None and user != value:
                     raise ConfigError(
                         f"conflicting settings: executor.launcher.{name}={user!r} but {NAME} needs {value!r} "
-                        f"(ft.mode={mode}); configure fault tolerance on the {NAME} only")
+                        f"(mode={mode}); configure fault tolerance on the {NAME} only")
         elif type(current) is run.Torchrun:
             log.info("%s: executor.launcher: torchrun -> ft_launcher (run.FaultTolerance); rendezvous settings kept",
                      NAME)
@@ -222,16 +289,74 @@ class FaultTolerancePlugin(run.Plugin):
                 "nsys_profile", "nsys_folder", "nsys_filename", "nsys_trace", "nsys_extra_args", "nsys_gpu_metrics")})
         return run.FaultTolerance(**carry, **wanted)
 
-    def _set_retries(self, executor: Any) -> None:
-        # nemo_run writes executor.retries into the sbatch script as TORCHX_MAX_RETRIES (nothing else reads it
-        # for a SlurmExecutor); its FT teardown stops requeueing once that many attempts in a row failed.
-        retries = self.num_job_retries_on_failure + 1
+    def _set_retries(self, executor: Any, profile: Any) -> None:
+        n = self.num_job_retries_on_failure
+        if profile.retries is None:
+            if n:
+                log.info("%s: num_job_retries_on_failure=%d does not apply on %s: nemo_run has no job-level "
+                         "retries there (use the platform's own restart settings)", NAME, n, profile.name)
+            return
+        # Slurm: nemo_run writes executor.retries into the sbatch script as TORCHX_MAX_RETRIES (nothing else reads
+        # it); its FT teardown stops requeueing once that many attempts in a row failed. Docker: restart count.
+        retries = n + 1 if profile.retries == "slurm" else n
+        why = (f"num_job_retries_on_failure={n}: nemo_run's FT sbatch script stops requeueing once "
+               f"TORCHX_MAX_RETRIES=executor.retries attempts in a row failed, so a failing job runs 1 + {n} times"
+               if profile.retries == "slurm" else
+               f"num_job_retries_on_failure={n}: Docker's on-failure restart count")
         if executor.retries != retries:
-            log.info("%s: executor.retries: %r -> %r (num_job_retries_on_failure=%d: nemo_run's FT sbatch script "
-                     "stops requeueing once TORCHX_MAX_RETRIES=executor.retries attempts in a row failed, so a "
-                     "failing job runs 1 + %d times)", NAME, executor.retries, retries,
-                     self.num_job_retries_on_failure, self.num_job_retries_on_failure)
+            log.info("%s: executor.retries: %r -> %r (%s)", NAME, executor.retries, retries, why)
             executor.retries = retries
+
+    @staticmethod
+    def _job_place(executor: Any, profile: Any) -> ft_features.JobPlace:
+        if profile.is_slurm:
+            host, step = slurm_job_file(executor, "")
+            return ft_features.JobPlace(step_dir=step.rstrip("/"), host_dir=host.rstrip("/"))
+        if profile.kind == "local":
+            return ft_features.JobPlace(step_dir=executor.job_dir, host_dir=None)
+        return ft_features.JobPlace(step_dir="/nemo_run", host_dir=None)  # nemo_run's job-dir mount in containers
+
+    def _ship_config(self, executor: Any, profile: Any, version: tuple[int, ...], yaml_text: str,
+                     extras: ft_features.LauncherExtras) -> str | None:
+        """Put the FT config where ft_launcher reads it on this executor; returns its path there."""
+        env = ft_cfg_path_env(version)
+        if profile.ft_config == "sbatch":
+            host_path, path = slurm_job_file(executor, f"{executor.job_name}_ft_cfg.yml")
+            set_setup_block(executor, FT_CFG_BLOCK, ft_config.sbatch_block(host_path, yaml_text, extras.host_dirs))
+            set_setup_block(executor, FT_FLAGS_BLOCK,
+                            ft_config.launcher_flags_block(extras.flags) if extras.flags else None)
+        elif profile.ft_config == "lepton_pre_launch":
+            path = f"/tmp/megatron_resilience/{executor.job_name}_ft_cfg.yml"
+            executor.pre_launch_commands = [*executor.pre_launch_commands, *ft_config.pre_launch_lines(path, yaml_text)]
+            log.info("%s: executor.pre_launch_commands += writing the FT config to %s", NAME, path)
+        elif profile.ft_config is not None:
+            from nemo_run.config import get_nemorun_home
+
+            path = local = ft_config.write_local(get_nemorun_home(), yaml_text)
+            if profile.ft_config == "docker_volume":
+                volume = f"{os.path.dirname(local)}:{CONTAINER_FT_CFG_DIR}:ro"
+                path = os.path.join(CONTAINER_FT_CFG_DIR, os.path.basename(local))
+                if volume not in executor.volumes:
+                    executor.volumes = [*executor.volumes, volume]
+                    log.info("%s: executor.volumes += %r (the FT config file)", NAME, volume)
+            elif profile.ft_config == "skypilot_file_mount":
+                path = os.path.join(CONTAINER_FT_CFG_DIR, os.path.basename(local))
+                executor.file_mounts = {**(executor.file_mounts or {}), path: local}
+                log.info("%s: executor.file_mounts[%r] = %r (the FT config file)", NAME, path, local)
+        else:
+            asked = sorted(set(extras.yaml) - extras.derived)
+            if asked:
+                raise ConfigError(f"{NAME}: {', '.join(asked)} reach ft_launcher only through its config "
+                                  f"file, and nemo_run gives plugins no way to ship a file to {profile.name}; use a "
+                                  f"SlurmExecutor, LocalExecutor, DockerExecutor, SkypilotExecutor or LeptonExecutor")
+            log.warning("%s: %s: nemo_run gives plugins no way to ship ft_launcher's config file there, so the "
+                        "section timeouts do not apply (ft_launcher gets only the heartbeat timeouts, check interval, "
+                        "termination signal and log level nemo_run renders); with mode=sections hangs are not "
+                        "detected there, crashes are%s", NAME, profile.name,
+                        f"; not applied either: {', '.join(sorted(extras.derived))}" if extras.derived else "")
+            return None
+        self._set_env(executor, env, path)
+        return path
 
     @staticmethod
     def _check_ranks_per_node(executor: Any) -> None:
@@ -243,10 +368,23 @@ class FaultTolerancePlugin(run.Plugin):
             log.warning("%s: ft_launcher will start %s rank(s) per node but executor.gpus_per_node=%s; set "
                         "ntasks_per_node=%s (nemo_run turns it into --nproc-per-node)", NAME, nproc, gpus, gpus)
 
+    def _set_rdzv_join_timeout(self, executor: Any) -> None:
+        # ft_launcher reads --rdzv-conf from PET_RDZV_CONF (all versions); nemo_run has no field for it.
+        user = executor.env_vars.get(RDZV_CONF_ENV, "")
+        entries = [e for e in user.split(",") if e.strip()]
+        if any(e.split("=", 1)[0].strip() == "join_timeout" for e in entries):
+            raise ConfigError(f"conflicting settings: executor.env_vars[{RDZV_CONF_ENV!r}]={user!r} sets join_timeout, "
+                              f"but {NAME}.rdzv_join_timeout={self.rdzv_join_timeout} does; set it on the {NAME} only")
+        value = ",".join(entries + [f"join_timeout={self.rdzv_join_timeout}"])
+        log.info("%s: %s=%s: the %d nodes' agents wait at most %d s for each other at every rendezvous; after a "
+                 "node is lost the others exit non-zero after that long and the job is requeued", NAME,
+                 RDZV_CONF_ENV, value, executor.nodes, self.rdzv_join_timeout)
+        set_env(executor, RDZV_CONF_ENV, value)
+
     @staticmethod
-    def _set_env(executor: Any, env: str, path: str) -> None:
+    def _set_env(executor: Any, env: str, value: str) -> None:
         current = executor.env_vars.get(env)
-        if current is not None and current != path:
-            raise ConfigError(f"conflicting settings: executor.env_vars[{env!r}]={current!r}, but {NAME} points "
-                              f"ft_launcher at its own FT config {path!r}; remove the env var")
-        set_env(executor, env, path)
+        if current is not None and current != value:
+            raise ConfigError(f"conflicting settings: executor.env_vars[{env!r}]={current!r}, but {NAME} sets it to "
+                              f"{value!r}; remove the env var")
+        set_env(executor, env, value)

@@ -26,7 +26,9 @@ are empty and the heartbeat timeouts apply.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shlex
 from typing import Any
 
@@ -34,6 +36,8 @@ from typing import Any
 # section missing from the config ("Unknown section"), so all of them are always listed.
 SECTIONS = ("setup", "step", "checkpointing")
 HEREDOC_TAG = "MEGATRON_RESILIENCE_FT_CFG"
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_.,/-]*")  # strings YAML reads back as the same string
+_YAML_WORDS = re.compile(r"(?i)true|false|yes|no|on|off|null|y|n")
 
 
 def _number(value: float | None) -> str:
@@ -58,6 +62,17 @@ def ft_settings(plugin: Any, mode: str) -> dict[str, Any]:
     }
 
 
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        plain = _PLAIN.fullmatch(value) and not _YAML_WORDS.fullmatch(value)
+        return value if plain else json.dumps(value)  # a JSON string is a YAML string
+    return _number(value)
+
+
 def render_yaml(settings: dict[str, Any]) -> str:
     """Deterministic YAML (golden files compare it byte for byte); nvidia-resiliency-ext parses it."""
     lines = ["fault_tolerance:"]
@@ -68,21 +83,57 @@ def render_yaml(settings: dict[str, Any]) -> str:
                 continue
             lines.append(f"  {key}:")
             lines += [f"    {name}: {_number(timeout)}" for name, timeout in value.items()]
-        elif isinstance(value, str):
-            lines.append(f"  {key}: {value}")
         else:
-            lines.append(f"  {key}: {_number(value)}")
+            lines.append(f"  {key}: {_scalar(value)}")
     return "\n".join(lines) + "\n"
 
 
-def sbatch_block(host_path: str, yaml_text: str) -> str:
-    """Lines for ``executor.setup_lines`` that write the YAML on the cluster when the job starts."""
+def sbatch_block(host_path: str, yaml_text: str, host_dirs: list[str] = ()) -> str:
+    """Lines for ``executor.setup_lines`` that write the YAML on the cluster when the job starts.
+
+    ``host_dirs`` (directories ft_launcher writes to or checks: cycle info, per-cycle logs, a fresh run's
+    checkpoint directory) are created first.
+    """
+    mkdir = f"mkdir -p {' '.join(shlex.quote(d) for d in host_dirs)}\n" if host_dirs else ""
     return (
+        f"{mkdir}"
         "# ft_launcher reads its full config (incl. section timeouts) from this file via the env var below\n"
         f"cat > {shlex.quote(host_path)} <<'{HEREDOC_TAG}'\n"
         f"{yaml_text}"
         f"{HEREDOC_TAG}"
     )
+
+
+def launcher_flags_block(flags: list[str]) -> str:
+    """Lines for ``executor.setup_lines``: add ``flags`` to the ft_launcher command of the job's srun.
+
+    nemo_run renders a fixed set of ft_launcher flags and has no field for others; ft_launcher reads some
+    settings only from its command line. A shell function ``srun`` (defined after nemo_run's own srun
+    calls of the setup, before the job step) inserts the flags right after the ``ft_launcher`` word of
+    the srun command and runs the real srun, so the job step is exactly ``srun ... ft_launcher FLAGS ...``.
+    """
+    return (
+        "# ft_launcher reads these settings only from its command line, for which nemo_run has no field:\n"
+        "# insert them right after 'ft_launcher' in the srun command of the job step below\n"
+        f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})\n"
+        "srun() {\n"
+        "    local args=() arg added=0\n"
+        '    for arg in "$@"; do\n'
+        '        args+=("$arg")\n'
+        '        if [ "$added" = 0 ] && [ "$arg" = ft_launcher ]; then\n'
+        '            args+=("${megatron_resilience_ft_launcher_flags[@]}")\n'
+        "            added=1\n"
+        "        fi\n"
+        "    done\n"
+        '    command srun "${args[@]}"\n'
+        "}"
+    )
+
+
+def pre_launch_lines(path: str, yaml_text: str) -> list[str]:
+    """Commands (LeptonExecutor.pre_launch_commands) that write the YAML inside the job's container."""
+    return [f"mkdir -p {shlex.quote(os.path.dirname(path))}",
+            f"cat > {shlex.quote(path)} <<'{HEREDOC_TAG}'\n{yaml_text}{HEREDOC_TAG}"]
 
 
 def write_local(home: str, yaml_text: str) -> str:

@@ -1,95 +1,77 @@
-"""PreemptionPlugin: stop gracefully (checkpoint, exit 0) on a signal Slurm sends before the time limit.
+"""PreemptionPlugin: stop gracefully (checkpoint, exit 0) on a signal the scheduler sends before the time limit.
 
-What ``setup`` does:
+What ``setup`` does. Executor side, the same for every task:
 
-* task: ``train.exit_signal_handler``, ``train.exit_signal`` and ``train.exit_signal_handler_for_dataloader``;
 * SlurmExecutor: ``#SBATCH --signal=<signal>@<preempt_time>`` (the ``signal`` executor field). Without
   ``B:`` Slurm signals the job steps, and under proctrack/cgroup only the direct children of
-  slurmstepd. Those are: python for a ``run.Partial`` without launcher, torchrun/ft_launcher (which
-  forward the signal to their workers) with one, and for a ``run.Script`` whatever the script line
-  starts, so an inline script's trainer line is turned into ``exec python -m megatron_resilience ...``
-  (bash would otherwise swallow the signal and python be SIGKILLed);
-* requeue: nemo_run's plain sbatch script requeues only on a non-zero exit (while retries remain), and
-  a preempted trainer exits 0 (torchrun, forwarding the signal, then exits 1). Unless ft_launcher's
-  sbatch teardown handles it (FaultTolerancePlugin), an EXIT trap requeues the job when the trainer
-  reported a stop with a checkpoint in ``<run_dir>/stop_reason.json`` and did not touch
-  ``$FAULT_TOL_FINISHED_FLAG_FILE`` (touched when training finished, nemo_run's FT template contract);
-* LocalExecutor: the exit handler is enabled, and a log line says no scheduler signal is configured;
+  slurmstepd: python for a ``run.Partial`` without launcher, torchrun/ft_launcher (which forward the
+  signal to their workers) with one, and for a ``run.Script`` whatever the script line starts;
+  and torchrun is told to wait ``preempt_time`` seconds (not 30) before it SIGKILLs the ranks;
+* other executors have no scheduler signal (``executors.py``): a log line says so, the rest applies;
+* with a launcher, the signal must be one it forwards to the ranks (``upstream.LAUNCHER_FORWARDED_SIGNALS``);
 * nsys requested on the launcher or the task is turned off with a warning (nsys would be the process
-  that receives the signal);
-* with a launcher, the signal must be one it forwards to the ranks (``upstream.LAUNCHER_FORWARDED_SIGNALS``),
-  and torchrun is told to wait ``preempt_time`` seconds (not 30) before it SIGKILLs them.
+  that receives the signal).
+
+Task side (``task_settings``), only with ``enable_exit_handler=True`` (with False the task is left alone,
+as Megatron-Bridge does): our trainer gets ``train.exit_signal_handler``, ``train.exit_signal`` and
+``train.exit_signal_handler_for_dataloader``, and an inline script's trainer line becomes
+``exec python -m megatron_resilience ...`` (bash would otherwise swallow the signal and python be
+SIGKILLed); a Megatron-LM or Megatron-Bridge script (or any script, with ``script_args_converter_fn``)
+gets the converted ``PreemptionPluginScriptArgs``; anything else one warning.
+
+Requeue (SlurmExecutor): nemo_run's plain sbatch script requeues only on a non-zero exit (while retries
+remain), and a preempted trainer exits 0 (torchrun, forwarding the signal, then exits 1). The job-level
+decision block (``batch_decision``) requeues the job when the trainer reported a stop on a signal in
+``<run_dir>/stop_reason.json`` (or logged receiving it) without spending a failure retry, and never
+when it touched ``$FAULT_TOL_FINISHED_FLAG_FILE`` (touched when training finished).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, fail
-from megatron_resilience.upstream import TORCHRUN_SHUTDOWN_TIMEOUT_ENV, import_nemo_run
+from megatron_resilience.config.slurm_time import slurm_time_seconds
+from megatron_resilience.plugins import batch_decision
 from megatron_resilience.plugins._executor import (
-    check_signal_reaches_trainer, claim, disable_nsys, executor_kind, remember_preemption_signal, set_env,
-    set_setup_block, slurm_job_file, slurm_time_seconds,
+    check_signal_reaches_trainer,
+    claim,
+    disable_nsys,
+    remember_preemption_signal,
+    set_env,
 )
-from megatron_resilience.plugins._task import task_editor
+from megatron_resilience.plugins._task import our_trainer_editor
+from megatron_resilience.plugins.batch_decision import uses_ft_launcher
+from megatron_resilience.plugins.executors import executor_profile
+from megatron_resilience.plugins.script_args import PreemptionPluginScriptArgs
+from megatron_resilience.plugins.task_check import check_task
+from megatron_resilience.plugins.task_settings import append_script_args, trainer_target, warn_unknown_trainer
+from megatron_resilience.upstream import TORCHRUN_SHUTDOWN_TIMEOUT_ENV, import_nemo_run
 
 run = import_nemo_run()
 log = logging.getLogger("megatron_resilience.plugins")
 
 NAME = "PreemptionPlugin"
-REQUEUE_BLOCK = "PreemptionPlugin requeue"
 # Written by the trainer's rank 0 into run_dir at exit (megatron_resilience.resilience.hooks.STOP_REASON_FILE;
 # not imported: that module needs torch). Its format is checked against the trainer's writer in the tests.
 STOP_REASON_FILE = "stop_reason.json"
 
 
-def _uses_ft_launcher(launcher: Any) -> bool:
-    return launcher == "ft" or isinstance(launcher, run.FaultTolerance)
-
-
-def requeue_block(flag_host: str, flag_step: str, stop_reason: str) -> str:
-    """sbatch lines: skip a requeued run that already finished; requeue one that stopped early with a checkpoint.
-
-    "Stopped early with a checkpoint" is what the trainer (rank 0) writes to ``<run_dir>/stop_reason.json``:
-    ``"exit_code": 0, "finished": false`` (preemption signal, ``exit_duration_in_mins``, straggler stop).
-    The step's exit code cannot tell: torchrun exits 1 after forwarding a signal even when every rank
-    exited 0. A non-zero exit that nemo_run's template already requeued (``TORCHX_MAX_RETRIES`` left)
-    is not requeued twice.
-    """
-    host, reason = shlex.quote(flag_host), shlex.quote(stop_reason)
-    return (
-        "# the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; when it stops early with a\n"
-        "# checkpoint (preemption signal) its stop_reason.json says so, and then this job is requeued\n"
-        f"export FAULT_TOL_FINISHED_FLAG_FILE={shlex.quote(flag_step)}\n"
-        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then\n'
-        f'    if [ -f {host} ]; then echo "Training is finished"; exit 0; fi\n'
-        "else\n"
-        f"    rm -f {host}\n"
-        "fi\n"
-        f"rm -f {reason}\n"
-        "megatron_resilience_requeue_if_stopped_early() {\n"
-        f"    [ ! -f {host} ] && [ -f {reason} ] || return 0\n"
-        f"    grep -Eq '\"exit_code\": ?0[,}}]' {reason} && grep -Eq '\"finished\": ?false' {reason} || return 0\n"
-        '    if [ "${exitcode:-1}" != "0" ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then return 0; fi\n'
-        f'    echo "Trainer stopped before finishing ($(cat {reason})): requeueing $SLURM_JOB_ID"\n'
-        '    scontrol requeue "$SLURM_JOB_ID"\n'
-        "}\n"
-        "trap megatron_resilience_requeue_if_stopped_early EXIT"
-    )
-
-
 @dataclass(kw_only=True)
 class PreemptionPlugin(run.Plugin):
-    """Graceful exit on ``signal``, sent by Slurm ``preempt_time`` seconds before the job's time limit."""
+    """Graceful exit on ``signal``, sent by Slurm ``preempt_time`` seconds before the job's time limit.
+
+    The first fields and their defaults are Megatron-Bridge's; ``signal`` is ours (the trainer's
+    ``train.exit_signal``).
+    """
 
     preempt_time: int = 60
     enable_exit_handler: bool = True
     enable_exit_handler_for_data_loader: bool = False
+    script_args_converter_fn: Callable[[PreemptionPluginScriptArgs], list[str]] | None = None
     signal: str = "SIGTERM"
 
     def __post_init__(self) -> None:
@@ -99,23 +81,23 @@ class PreemptionPlugin(run.Plugin):
                 fail(f"{NAME}.{name}", "must be true or false", getattr(self, name))
         if self.signal not in CATCHABLE_SIGNALS:
             fail(f"{NAME}.signal", f"must be one of {list(CATCHABLE_SIGNALS)}", self.signal)
+        if self.script_args_converter_fn is not None and not callable(self.script_args_converter_fn):
+            fail(f"{NAME}.script_args_converter_fn", "must be a function of PreemptionPluginScriptArgs",
+                 self.script_args_converter_fn)
 
     def setup(self, task: Any, executor: Any) -> None:
-        kind = executor_kind(executor, NAME)
+        profile = executor_profile(executor, NAME)
         claim(executor, NAME)
         remember_preemption_signal(executor, self.signal)
         check_signal_reaches_trainer(executor, NAME)
-        editor = task_editor(task, NAME)
-        editor.set("train.exit_signal_handler", self.enable_exit_handler, "enable_exit_handler")
-        editor.set("train.exit_signal", self.signal, "signal")
-        editor.set("train.exit_signal_handler_for_dataloader", self.enable_exit_handler_for_data_loader,
-                   "enable_exit_handler_for_data_loader")
-        editor.make_trainer_direct_task()
+        check_task(task, executor)  # the same submit-time check as preview() and the CLI
+        editor = self._trainer_settings(task)
         disable_nsys(executor, editor, NAME, "nsys would be the process that receives the preemption signal, "
                      "not the trainer")
-        if kind != "slurm":
-            log.info("%s: %s has no scheduler: no scheduler signal is configured; the trainer saves a checkpoint "
-                     "and exits 0 when it receives %s", NAME, type(executor).__name__, self.signal)
+        if not profile.scheduler_signal:
+            log.info("%s: %s has no scheduler signal before a time limit: none is configured; the trainer saves a "
+                     "checkpoint and exits 0 when it receives %s (e.g. when the platform stops the job)", NAME,
+                     profile.name, self.signal)
             return
 
         limit = slurm_time_seconds(executor.time)
@@ -138,11 +120,33 @@ class PreemptionPlugin(run.Plugin):
             log.info("%s: executor.env_vars[%r] = %r (seconds torchrun waits for the ranks to save and exit)",
                      NAME, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
             set_env(executor, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
-        if not _uses_ft_launcher(executor.launcher):
-            run_dir = editor.run_dir()
-            if not run_dir:
-                raise ConfigError(f"{NAME}: the task sets no run_dir; the trainer reports why it stopped in "
-                                  f"<run_dir>/{STOP_REASON_FILE}, which decides the requeue after a preemption")
-            flag_host, flag_step = slurm_job_file(executor, f"{executor.job_name}_finished_flag")
-            set_setup_block(executor, REQUEUE_BLOCK,
-                            requeue_block(flag_host, flag_step, os.path.join(run_dir, STOP_REASON_FILE)))
+        if editor is None:  # run_dir is read also with enable_exit_handler=False
+            editor = our_trainer_editor(task, NAME)
+        if editor is not None and not uses_ft_launcher(executor.launcher) and not editor.run_dir():
+            raise ConfigError(f"{NAME}: the task sets no run_dir; the trainer reports why it stopped in "
+                              f"<run_dir>/{STOP_REASON_FILE}, which decides the requeue after a preemption")
+        batch_decision.install(executor, editor)
+
+    def _trainer_settings(self, task: Any) -> Any:
+        """The exit handler in the trainer; returns our trainer's editor (None for any other trainer)."""
+        if not self.enable_exit_handler:
+            log.info("%s: enable_exit_handler=False: the task is left as it is (its own signal handling applies)",
+                     NAME)
+            return None
+        target = trainer_target(task, NAME, self.script_args_converter_fn)
+        if target.editor is not None:
+            editor = target.editor
+            editor.set("train.exit_signal_handler", True, "enable_exit_handler")
+            editor.set("train.exit_signal", self.signal, "signal")
+            editor.set("train.exit_signal_handler_for_dataloader", self.enable_exit_handler_for_data_loader,
+                       "enable_exit_handler_for_data_loader")
+            editor.make_trainer_direct_task()
+            return editor
+        if target.converter is not None:
+            append_script_args(target, NAME, PreemptionPluginScriptArgs(
+                enable_exit_handler=True, enable_exit_handler_for_data_loader=self.enable_exit_handler_for_data_loader,
+                exit_signal=self.signal))
+        else:
+            warn_unknown_trainer(target, NAME, f"save a checkpoint and exit 0 when it receives {self.signal} "
+                                 f"(enable_exit_handler)")
+        return None

@@ -2,7 +2,8 @@
 
 It takes the steps ``run.run`` / ``Experiment`` take for one job (clone and assign the executor,
 clone the task, apply the plugins in order, package, let nemo_run's Slurm scheduler render the
-script) with three differences that keep it side-effect free:
+script; the task and executor are checked as the plugins check them, ``plugins/task_check.py``)
+with three differences that keep it side-effect free:
 
 * everything nemo_run writes locally (configs, inline scripts, the sbatch file) goes to a temporary
   directory that is deleted afterwards: the user's NEMORUN_HOME is only read (for the default
@@ -22,6 +23,7 @@ import tempfile
 from typing import Any, Iterable
 
 from megatron_resilience.config import ConfigError
+from megatron_resilience.plugins.task_check import check_task
 from megatron_resilience.upstream import import_nemo_run
 
 RDZV_ID = re.compile(r"--rdzv-id \d+")
@@ -38,6 +40,33 @@ def default_name(task: Any) -> str:
     from nemo_run.config import get_type_namespace
 
     return task.get_name() if isinstance(task, run.Script) else get_type_namespace(task.__fn_or_cls__)
+
+
+def _prepared(task: Any, executor: Any, plugins: Iterable[Any], name: str, tmp: str) -> tuple[Any, Any]:
+    """Clones of ``task`` and ``executor``, assigned to a job under ``tmp`` and set up by ``plugins`` in order
+    (as ``Experiment.add`` does), then checked like the plugins check them."""
+    run = import_nemo_run()
+    experiment_id = f"{name}_preview"
+    exp_dir = os.path.join(tmp, "experiments", name, experiment_id)
+    job_executor = executor.clone()
+    job_executor.assign(experiment_id, exp_dir, task_id=name, task_dir=name)
+    job_task = copy.deepcopy(task) if isinstance(task, run.Script) else task.clone()
+    for plugin in plugins:
+        plugin = copy.deepcopy(plugin)
+        plugin.assign(experiment_id)
+        plugin.setup(job_task, job_executor)
+    check_task(job_task, job_executor)  # what the plugins check in run.run, also when there are none
+    return job_task, job_executor
+
+
+def check_job(task: Any, executor: Any, plugins: Any | Iterable[Any] = (), *, name: str | None = None) -> None:
+    """Every submit-time check of ``task`` on ``executor`` with ``plugins`` (any executor the plugins support),
+    nothing rendered: what the CLI runs before it prints or submits anything."""
+    run = import_nemo_run()
+    if isinstance(plugins, run.Plugin):
+        plugins = [plugins]
+    with tempfile.TemporaryDirectory(prefix="megatron_resilience_check_") as tmp:
+        _prepared(task, executor, plugins, name or default_name(task), tmp)
 
 
 def preview(task: Any, executor: Any, plugins: Any | Iterable[Any] = (), *, name: str | None = None,
@@ -57,18 +86,9 @@ def preview(task: Any, executor: Any, plugins: Any | Iterable[Any] = (), *, name
     if isinstance(plugins, run.Plugin):
         plugins = [plugins]
     name = name or default_name(task)
-    experiment_id = f"{name}_preview"
 
     with tempfile.TemporaryDirectory(prefix="megatron_resilience_preview_") as tmp:
-        exp_dir = os.path.join(tmp, "experiments", name, experiment_id)
-        job_executor = executor.clone()
-        job_executor.assign(experiment_id, exp_dir, task_id=name, task_dir=name)
-        job_task = copy.deepcopy(task) if isinstance(task, run.Script) else task.clone()
-        for plugin in plugins:
-            plugin = copy.deepcopy(plugin)
-            plugin.assign(experiment_id)
-            plugin.setup(job_task, job_executor)
-
+        job_task, job_executor = _prepared(task, executor, plugins, name, tmp)
         job_executor.create_job_dir()
         app = package(name, job_task, executor=job_executor, serialize_to_file=True)
         # Packaging code never changes the script; skipping it avoids a shell-out and any git/tunnel access.

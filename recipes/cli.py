@@ -22,23 +22,35 @@ import sys
 from typing import Any, Callable, List, Literal, Optional
 
 from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.keys import key_listing
 from megatron_resilience.config.overrides import config_to_overrides
 from megatron_resilience.entry import pretrain
+from megatron_resilience.plugins.task_check import check_task
+from megatron_resilience.recipes.gpt import RECIPES, to_config
+from megatron_resilience.recipes.overrides import (
+    apply_overrides,
+    apply_plugin_overrides,
+    plugin_list,
+    recipe_call,
+    split_executor_overrides,
+)
 from megatron_resilience.upstream import import_nemo_run
-from megatron_resilience.recipes.gpt import RECIPES, validate
-from megatron_resilience.recipes.overrides import apply_overrides, apply_plugin_overrides, unknown_executor_keys
+from megatron_resilience.upstream.harmless_warnings import PYTHONWARNINGS
+from megatron_resilience.upstream.nemorun import cli_classes, quiet_cli_parser, run_cli
 
 run = import_nemo_run()
 import fiddle as fdl  # noqa: E402
-from nemo_run.cli.api import RunContext, RunContextError  # noqa: E402
+
+RunContext, RunContextError, Entrypoint = cli_classes()
 
 NAMESPACE = "megatron_resilience"
 
 
 def _local_env() -> dict:
-    """One thread per CPU rank (2 cores for 2 ranks here), and torchrun/ft_launcher from this Python's
-    environment: the local scheduler looks them up on PATH, which lacks a venv that is not activated."""
-    env = {"OMP_NUM_THREADS": "1"}
+    """One thread per CPU rank (2 cores for 2 ranks here), torchrun/ft_launcher from this Python's
+    environment (the local scheduler looks them up on PATH, which lacks a venv that is not activated), and
+    the harmless torch warning that processes print before the trainer can filter it, silenced."""
+    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": PYTHONWARNINGS}
     bin_dir = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "")
     if bin_dir not in path.split(os.pathsep):
@@ -118,6 +130,10 @@ def resilience() -> List[run.Config[run.Plugin]]:
     return [ft(), preemption()]
 
 
+PLUGINS = {"ft": lambda: fdl.build(ft()), "preemption": lambda: fdl.build(preemption()),
+           "resilience": lambda: [fdl.build(p) for p in resilience()]}
+
+
 # --- recipes -----------------------------------------------------------------------------------------------
 
 for _name, _recipe in RECIPES.items():
@@ -136,9 +152,53 @@ def is_slurm(executor: Any) -> bool:
     return isinstance(executor, run.SlurmExecutor)
 
 
+USAGE = f"""\
+Overrides: section.field=value (typed; null, true/false, a,b for lists). Recipes (--factory): {", ".join(RECIPES)}
+(arguments: --factory "gpt_126m(num_nodes=2,dir=/lustre/runs)"). Executors: run.executor=local|local_ft|slurm,
+fields with run.executor.FIELD=value. Plugins: run.plugins=ft|preemption|resilience|[ft,preemption], fields with
+run.plugins.FIELD=value or run.plugins[i].FIELD=value. --dryrun prints the final config (and the sbatch script).
+"""
+
+# run.* options that are the run context's own (run.name=..., run.detach=true, ...).
+_CONTEXT_OPTIONS = ("name", "direct", "dryrun", "factory", "load", "repl", "detach", "skip_confirmation",
+                    "tail_logs", "yaml")
+
+
+def _option_value(argv: List[str], *names: str) -> Optional[str]:
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(f"{name}="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def help_text(argv: List[str]) -> str:
+    """What ``--help`` adds after the options: usage and every key (with the recipe's values given --factory)."""
+    spec = _option_value(argv, "--factory", "-f")
+    recipe, note = None, ""
+    if spec:
+        try:
+            call = recipe_call(spec, RECIPES)
+            recipe = to_config(call[0](**call[1])) if call else None
+        except ConfigError as err:
+            note = f"(--factory {spec}: {err})\n"
+    name = spec.split("(")[0] if recipe is not None else None
+    return f"{USAGE}\n{note}{key_listing(recipe, name)}"
+
+
+class PretrainEntrypoint(Entrypoint):
+    """``--help`` prints every config key with its type, default, meaning (and the recipe's value), instead of
+    nemo_run's table of ``pretrain``'s arguments."""
+
+    def help(self, console: Any = None, with_docs: bool = True) -> None:
+        print(help_text(sys.argv))
+
+
 @dataclasses.dataclass(kw_only=True)
 class PretrainRunContext(RunContext):
-    """NeMo-Run's run context with our override parsing, validation and dry-run output."""
+    """NeMo-Run's run context with our parsing of recipes, plugins and overrides, one validation, one-line errors."""
 
     def cli_execute(self, fn: Callable, args: List[str],
                     entrypoint_type: Literal["task", "experiment"] = "task") -> None:
@@ -146,68 +206,97 @@ class PretrainRunContext(RunContext):
         # `run_dir=...`; split on the exact "run." prefix instead.
         run_args = [a[len("run."):] for a in args if a.startswith("run.")]
         task_args = [a for a in args if not a.startswith("run.")]
-        self.parse_args(run_args)
-        self._execute_task(fn, task_args)
+        try:
+            self.parse_args(run_args)
+            self._execute_task(fn, task_args)
+        except ConfigError as err:  # a user's mistake: one line, never nemo_run's "Unexpected error"
+            raise RunContextError(str(err)) from None
 
     def parse_args(self, args: List[str], lazy: bool = False) -> List[str]:
-        # Plugin overrides are ours (typed, validated); executor overrides stay NeMo-Run's, with a short
-        # "valid keys" error instead of its dump of the whole executor config.
+        """``executor=NAME`` and ``executor.X=...`` through nemo_run (values checked first); plugins are ours."""
+        plugin_spec = [a.split("=", 1)[1] for a in args if a.startswith("plugins=")]
         plugin_args = [a for a in args if a.startswith(("plugins.", "plugins["))]
-        rest = [a for a in args if a not in plugin_args]
-        try:
-            left = super().parse_args(rest, lazy)
-        except Exception as err:  # NeMo-Run raises ValueError/AttributeError/its own parse errors
-            raise RunContextError(self._explain(rest) or f"run options {rest}: {err}") from None
-        if plugin_args:
+        executor_args = [a for a in args if a.startswith("executor.")]
+        rest = [a for a in args if a.startswith("executor=") or a.split("=")[0] in _CONTEXT_OPTIONS]
+        unknown = [a for a in args if a not in rest + plugin_args + executor_args and not a.startswith("plugins=")]
+        if unknown:
+            from megatron_resilience.config.overrides import closest_keys, did_you_mean
+
+            key = "run." + unknown[0].split("=")[0]
+            options = ["run.executor", "run.plugins", *(f"run.{o}" for o in _CONTEXT_OPTIONS)]
+            raise ConfigError(f"{key}: unknown run option; {did_you_mean(closest_keys(key, options))}"
+                              f"run options: {', '.join(options)}")
+        names = [a.split("=", 1)[1] for a in rest if a.startswith("executor=")]
+        if executor_args and not names:
+            raise ConfigError(f"run.{executor_args[0].split('=')[0]}: set run.executor=local|local_ft|slurm first")
+        if names:
             try:
-                self.plugins = apply_plugin_overrides(list(self.plugins or []), plugin_args)
-            except ConfigError as err:
-                raise RunContextError(str(err)) from None
+                executor_cls = fdl.get_callable(self.parse_executor(names[-1]))
+            except ValueError:
+                raise ConfigError(f"run.executor={names[-1]}: unknown executor; ours: local, local_ft, slurm") \
+                    from None
+            typed, executor_args = split_executor_overrides(executor_cls, executor_args)
+        try:
+            with quiet_cli_parser():
+                left = super().parse_args(rest + executor_args, lazy)
+        except Exception as err:  # nemo_run's own parse errors, nested several levels deep
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ConfigError(f"run options {' '.join(rest + executor_args)}: {first}") from None
+        if names:
+            for name, value in typed.items():
+                setattr(self.executor, name, value)
+        self.plugins = plugin_list(plugin_spec[-1], PLUGINS) if plugin_spec else []
+        if plugin_args:
+            self.plugins = apply_plugin_overrides(self.plugins, plugin_args)
         return left
 
-    def _explain(self, args: List[str]) -> Optional[str]:
-        names = [a.split("=", 1)[1] for a in args if a.startswith("executor=")]
-        if not names:
-            return None
-        try:
-            executor_cls = fdl.get_callable(self.parse_executor(names[-1]))
-        except ValueError:
-            return f"run.executor={names[-1]}: unknown executor; ours: local, local_ft, slurm"
-        return unknown_executor_keys(executor_cls, args)
-
     def parse_fn(self, fn: Callable, args: List[str], **default_kwargs: Any):
-        task = super().parse_fn(fn, [], **default_kwargs)  # the --factory recipe (or a bare Partial)
-        try:
-            return apply_overrides(task, args)
-        except ConfigError as err:
-            raise RunContextError(str(err)) from None
+        call = recipe_call(self.factory, RECIPES) if self.factory else None
+        if call is not None:
+            recipe, kwargs = call
+            task = recipe(**kwargs)
+        else:
+            try:
+                with quiet_cli_parser():
+                    task = super().parse_fn(fn, [], **default_kwargs)  # another factory, or a bare Partial
+            except Exception as err:  # nemo_run's resolution errors, nested several levels deep
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise ConfigError(f"--factory {self.factory}: {first}") from None
+        return apply_overrides(task, args)
 
     def _execute_task(self, fn: Callable, task_args: List[str]) -> None:
         task = self.parse_fn(fn, task_args)
         if not getattr(task, "run_dir", None):
-            raise RunContextError("run_dir: required: use --factory RECIPE or set run_dir=/path/to/run")
+            raise ConfigError("run_dir: required: use --factory RECIPE or set run_dir=/path/to/run")
         executor = self.executor
-        try:
-            config = validate(task, num_nodes=executor.nnodes(), num_gpus_per_node=executor.nproc_per_node()) \
-                if executor is not None else validate(task, num_nodes=1, num_gpus_per_node=1)
-        except ConfigError as err:
-            raise RunContextError(str(err)) from None
-        print(f"# {self.name}: final config ({'no executor' if executor is None else type(executor).__name__}, "
-              f"world size {world_size(executor) if executor is not None else 1})")
-        print("\n".join(config_to_overrides(config)))
+        config = check_task(task, executor) if executor is not None else to_config(task)
         plugins = list(self.plugins or [])
+        added_ft = False
         if executor is not None and uses_ft_launcher(executor):
             from megatron_resilience.plugins import FaultTolerancePlugin
 
             if not any(isinstance(p, FaultTolerancePlugin) for p in plugins):
                 plugins.append(FaultTolerancePlugin())
-                print("# the executor uses ft_launcher: added FaultTolerancePlugin() to run.plugins")
-        if self.dryrun:
-            if executor is not None and is_slurm(executor):
-                from megatron_resilience.plugins import preview
+                added_ft = True
+        # Every check (the plugins' too) before anything is printed or submitted.
+        script = None
+        if executor is not None and is_slurm(executor):
+            from megatron_resilience.plugins import preview
 
+            script = preview(task, executor, plugins, name=self.name)
+        elif executor is not None:
+            from megatron_resilience.plugins.preview import check_job
+
+            check_job(task, executor, plugins, name=self.name)
+        print(f"# {self.name}: final config ({'no executor' if executor is None else type(executor).__name__}, "
+              f"world size {world_size(executor) if executor is not None else 1})")
+        print("\n".join(config_to_overrides(config)))
+        if added_ft:
+            print("# the executor uses ft_launcher: added FaultTolerancePlugin() to run.plugins")
+        if self.dryrun:
+            if script is not None:
                 print("# sbatch script")
-                print(preview(task, executor, plugins, name=self.name))
+                print(script)
             return
         if not self._should_continue(self.skip_confirmation):
             return
@@ -215,17 +304,17 @@ class PretrainRunContext(RunContext):
                 direct=self.direct or executor is None, detach=self.detach)
 
 
-run.cli.entrypoint(namespace=NAMESPACE, run_ctx_cls=PretrainRunContext,
+from megatron_resilience.recipes import cli_jobs  # noqa: E402,F401  (nemo megatron_resilience report|watch)
+
+run.cli.entrypoint(namespace=NAMESPACE, run_ctx_cls=PretrainRunContext, entrypoint_cls=PretrainEntrypoint,
                    help="Megatron-Core GPT pretraining with fault tolerance, preemption, "
                         "straggler detection and the rerun state machine.")(pretrain)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m megatron_resilience.recipes.cli pretrain ...``: the same command without the ``nemo`` script."""
-    from nemo_run.cli.api import create_cli
-
-    sys.argv = ["nemo", NAMESPACE, *(sys.argv[1:] if argv is None else argv)]
-    create_cli()(standalone_mode=True)
+    """``python -m megatron_resilience.recipes.cli pretrain ...``: the same command without the ``nemo`` script
+    (and without torch: the ``nemo`` script imports nemo_run, and so torch, before any of our code runs)."""
+    run_cli([NAMESPACE, *(sys.argv[1:] if argv is None else argv)], standalone_mode=True)
 
 
 if __name__ == "__main__":

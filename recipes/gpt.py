@@ -18,18 +18,25 @@ so a recipe that cannot run fails here, not on the cluster.
 """
 
 import math
-from typing import Optional
 import os
 from dataclasses import dataclass
-
-import fiddle as fdl
+from typing import Optional
 
 from megatron_resilience.config import (
-    CheckpointConfig, DataConfig, FaultToleranceConfig, ModelConfig, OptimizerConfig, ParallelConfig,
-    PretrainConfig, RerunConfig, StragglerConfig, TrainingConfig,
+    CheckpointConfig,
+    DataConfig,
+    FaultToleranceConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    PretrainConfig,
+    RerunConfig,
+    StragglerConfig,
+    TrainingConfig,
 )
-from megatron_resilience.config._validate import ConfigError, check_int, fail
+from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.entry import pretrain
+from megatron_resilience.plugins.task_check import task_config
 from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()
@@ -67,22 +74,21 @@ def run_dir_for(dir: Optional[str], name: str) -> str:
     """``<dir>/<name>`` as an absolute path (``dir`` defaults to ``./runs``): where logs and checkpoints go."""
     if not isinstance(name, str) or not name or "/" in name:
         fail("name", "must be a non-empty string without '/'", name)
+    if dir is not None and (not isinstance(dir, str) or not dir):
+        fail("dir", "must be a folder path (or None: ./runs)", dir)
     return os.path.join(os.path.abspath(dir or "runs"), name)
 
 
 def to_config(task) -> PretrainConfig:
     """Build the plain ``PretrainConfig`` a recipe (or a CLI-edited copy) describes; runs every validation.
 
-    Only dataclasses are constructed, so this is cheap and never imports torch.
+    Only dataclasses are constructed, so this is cheap and never imports torch. The same function
+    checks tasks in the plugins and ``preview()`` (``plugins/task_check.py``).
     """
-    if task.__fn_or_cls__ is not pretrain:
+    config, _ = task_config(task)
+    if config is None:
         fail("task", "must be a run.Partial of megatron_resilience.entry.pretrain", task.__fn_or_cls__)
-    try:
-        kwargs = fdl.build(task).keywords
-    except ConfigError as err:  # drop the "Fiddle context: ..." paragraph Fiddle appends: the key says where
-        raise ConfigError(str(err).split("\n\nFiddle context:")[0]) from None
-    defaults = {name: value for name, value in kwargs.items() if value is not None}
-    return PretrainConfig(**defaults)
+    return config
 
 
 def validate(task, *, num_nodes: int, num_gpus_per_node: int) -> PretrainConfig:
@@ -110,9 +116,9 @@ def _production_resilience(*, cpu: bool) -> dict:
 def _gpt(size: str, *, dir: str | None, name: str, num_nodes: int, num_gpus_per_node: int):
     shape = SIZES[size]
     root = run_dir_for(dir, name)
-    world = num_nodes * num_gpus_per_node
     check_int("num_nodes", num_nodes, minimum=1)
     check_int("num_gpus_per_node", num_gpus_per_node, minimum=1)
+    world = num_nodes * num_gpus_per_node
     model_parallel = shape.tp * shape.pp
     if world % model_parallel:
         fail("num_nodes * num_gpus_per_node",

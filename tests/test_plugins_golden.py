@@ -1,143 +1,141 @@
 """Golden sbatch scripts rendered by ``preview`` with our plugins, compared byte for byte.
 
-Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_plugins_golden.py`` and
-review the diff of tests/golden/ by eye. The only random part of a script (torchrun's --rdzv-id) is
-masked by ``preview``; the experiment id is fixed (``<name>_preview``); paths come from the
-executor's LocalTunnel(job_dir=...) and do not depend on this machine.
+The cases and the regeneration command live in ``tests/golden_cases.py``; this module only compares
+(regenerate there, review the diff of tests/golden/ by eye, then run this).
 
-Besides the goldens: every rendered ft_launcher command is parsed by the installed
-nvidia-resiliency-ext's own argument parser, the embedded FT YAML is loaded by its own config
-loader, plugin order does not change the script, and ``preview`` equals the script nemo_run's
-``Experiment.dryrun`` writes for the same job.
+Besides the goldens: every rendered ft_launcher command is run through bash as the batch script runs it
+and handed to the nvidia-resiliency-ext release it was rendered for (0.4.1 installed, 0.6.0 and 0.7.0
+unpacked here: ``tests/nvrx_releases.py``), whose own parser and config loader must accept it and end up
+with the plugin's settings; plugin order does not change the script; ``preview`` equals the script
+nemo_run's ``Experiment.dryrun`` writes; and the task the job runs, deserialized from the file nemo_run
+writes for it, carries the plugins' trainer settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import logging
 import os
 import re
-import shlex
 
 import pytest
+import yaml
+from golden_cases import CASES, JOB_DIR, golden_path, nvrx_release, render, slurm
+from nvrx_releases import job_step, probe
 
 from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()
 
-from megatron_resilience.config import CheckpointConfig, FaultToleranceConfig, TrainingConfig  # noqa: E402
-from megatron_resilience.entry import pretrain  # noqa: E402
+from megatron_resilience.config import FaultToleranceConfig, TrainingConfig  # noqa: E402
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, preview  # noqa: E402
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-JOB_DIR = "/cluster/experiments"
-
-
-def partial_task():
-    return run.Partial(
-        pretrain, run_dir="/lustre/runs/gpt",
-        train=run.Config(TrainingConfig, max_steps=1000),
-        checkpoint=run.Config(CheckpointConfig, save="/lustre/runs/gpt/ckpt", save_interval=100),
-    )
-
-
-def script_task():
-    return run.Script(path="megatron_resilience", m=True, entrypoint="python",
-                      args=["run_dir=/lustre/runs/gpt", "train.max_steps=1000", "checkpoint.save=/lustre/runs/gpt/ckpt",
-                            "checkpoint.save_interval=100"])
-
-
-def inline_task():
-    return run.Script(inline="export OMP_NUM_THREADS=1\n"
-                             "python -m megatron_resilience run_dir=/lustre/runs/gpt train.max_steps=1000 \\\n"
-                             "    checkpoint.save=/lustre/runs/gpt/ckpt checkpoint.save_interval=100\n")
-
-
-def slurm(nodes=1, gpus=2, launcher=None, **kw):
-    return run.SlurmExecutor(account="acct", partition="batch", nodes=nodes, ntasks_per_node=gpus, gpus_per_node=gpus,
-                             time="04:00:00", launcher=launcher, tunnel=run.LocalTunnel(job_dir=JOB_DIR), **kw)
-
-
-CASES = {
-    "ft_partial": lambda: (partial_task(), slurm(), [FaultTolerancePlugin()]),
-    "preemption_partial": lambda: (partial_task(), slurm(launcher="torchrun"), [PreemptionPlugin()]),
-    "ft_preemption_partial": lambda: (partial_task(), slurm(), [FaultTolerancePlugin(), PreemptionPlugin()]),
-    "ft_preemption_nsys_partial": lambda: (
-        partial_task(), slurm(launcher=run.Torchrun(nsys_profile=True)), [FaultTolerancePlugin(), PreemptionPlugin()]),
-    "ft_preemption_2x8_partial": lambda: (
-        partial_task(), slurm(nodes=2, gpus=8), [FaultTolerancePlugin(), PreemptionPlugin(preempt_time=120)]),
-    "ft_preemption_script": lambda: (script_task(), slurm(), [FaultTolerancePlugin(), PreemptionPlugin()]),
-    "preemption_script": lambda: (script_task(), slurm(launcher="torchrun"), [PreemptionPlugin()]),
-    "ft_heartbeats_preemption_inline": lambda: (
-        inline_task(), slurm(), [FaultTolerancePlugin(nvrx_version="0.7"), PreemptionPlugin(signal="SIGINT")]),
-    "preemption_inline": lambda: (inline_task(), slurm(), [PreemptionPlugin(signal="SIGUSR1", preempt_time=300)]),
-}
-
-
-def render(case: str) -> str:
-    task, executor, plugins = CASES[case]()
-    if case == "ft_heartbeats_preemption_inline":
-        task.inline = task.inline.replace("train.max_steps=1000", "train.max_steps=1000 ft.mode=heartbeats")
-    return preview(task, executor, plugins, name="gpt", with_scripts=True)
+GOLDEN = os.path.dirname(golden_path("x"))
+RELEASE = {"0.4.1": "0.4.1", "0.6": "0.6.0", "0.7": "0.7.0"}  # what a case's nvrx_version names -> the release
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_sbatch(case):
+    if os.environ.get("UPDATE_GOLDEN"):
+        pytest.fail("UPDATE_GOLDEN is not honoured here: regenerate with `.venv/bin/python tests/golden_cases.py`, "
+                    "review `git diff tests/golden/`, then run this test without it")
     script = render(case)
-    path = os.path.join(GOLDEN, f"{case}.sh")
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(script)
-    with open(path) as f:
-        assert script == f.read(), f"{case}: rendered sbatch differs from {path} (UPDATE_GOLDEN=1 to regenerate)"
+    with open(golden_path(case)) as f:
+        assert script == f.read(), (f"{case}: rendered sbatch differs from {golden_path(case)} "
+                                    "(regenerate with tests/golden_cases.py and review the diff)")
 
 
 def test_no_stale_golden_files():
     assert sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(GOLDEN, "*.sh"))) == sorted(CASES)
 
 
-def _srun_command(script: str) -> list[str]:
-    line = next(line for line in script.splitlines() if line.startswith("srun --output"))
-    return shlex.split(line.replace("<random>", "1234").replace("$head_node_ip", "10.0.0.1")
-                       .replace("$SLURM_NODEID", "0"))
-
-
-def _ft_launcher_args(script: str) -> list[str]:
-    args = _srun_command(script)
-    return args[args.index("ft_launcher") + 1:]
-
-
 FT_CASES = [c for c in sorted(CASES) if c.startswith("ft_")]
 
 
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory):
+    """case -> (job step, what the case's own nvidia-resiliency-ext release makes of it); one probe per release."""
+    steps = {case: job_step(render(case), str(tmp_path_factory.mktemp(case))) for case in FT_CASES}
+    # 0.6's quirk, shown: the same settings in the config file instead of on the command line
+    quirk = dict(steps["ft_progress_flags_nvrx_0_6"])
+    quirk["argv"] = [a for a in quirk["argv"] if a not in (
+        "--ft-max-no-progress-cycles", "4", "--ft-min-progress-iterations", "20")]
+    yaml_path = str(tmp_path_factory.mktemp("quirk") / "ft_cfg.yml")
+    with open(quirk["env"]["PET_FT_CFG_PATH"]) as src, open(yaml_path, "w") as dst:
+        dst.write(src.read() + "  max_no_progress_cycles: 4\n  min_progress_iterations: 20\n")
+    quirk["env"] = {**quirk["env"], "PET_FT_CFG_PATH": yaml_path}
+    steps["0.6 without flags"] = quirk
+    out = {}
+    for release in sorted({RELEASE[nvrx_release(c)] for c in FT_CASES}):
+        cases = [c for c in FT_CASES if RELEASE[nvrx_release(c)] == release]
+        cases += ["0.6 without flags"] if release == "0.6.0" else []
+        answer = probe(release, {"parse": [{"argv": steps[c]["argv"], "env": steps[c]["env"]} for c in cases]})
+        out.update({c: (steps[c], r) for c, r in zip(cases, answer["parsed"])})
+    return out
+
+
 @pytest.mark.parametrize("case", FT_CASES)
-def test_ft_launcher_command_parses_with_installed_nvidia_resiliency_ext(case, tmp_path, monkeypatch):
-    """The rendered command is accepted by ft_launcher's own parser, and the FT config it ends up with
-    (YAML via PET_FT_CFG_PATH, then CLI flags) has the plugin's settings."""
-    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig as NvrxConfig
-
-    from megatron_resilience.upstream import ft_launcher_args_parser
-
-    script = render(case)
-    yaml_text = re.search(r"<<'MEGATRON_RESILIENCE_FT_CFG'\n(.*?)MEGATRON_RESILIENCE_FT_CFG\n", script, re.S).group(1)
-    cfg_file = tmp_path / "ft_cfg.yml"
-    cfg_file.write_text(yaml_text)
-    monkeypatch.setenv("PET_FT_CFG_PATH", str(cfg_file))
-    args = ft_launcher_args_parser().parse_args(_ft_launcher_args(script))
-    assert args.ft_cfg_path == str(cfg_file)
-    assert args.max_restarts == 3
-    cfg = NvrxConfig.from_args(args)
+def test_ft_launcher_command_is_accepted_by_its_release(case, parsed):
+    """The job step's ft_launcher command (after our srun function) parsed by the release it was rendered for;
+    the FT config that release ends up with (YAML via PET_FT_CFG_PATH, then the flags) has the plugin's settings."""
+    step, result = parsed[case]
+    assert "error" not in result, f"{case}: nvidia-resiliency-ext {nvrx_release(case)} rejected {step['argv']}"
+    args, cfg = result["args"], result["config"]
+    assert args["ft_cfg_path"] == step["env"]["PET_FT_CFG_PATH"]
+    assert args["max_restarts"] == 3
     heartbeats = case == "ft_heartbeats_preemption_inline"
-    assert cfg.rank_section_timeouts == ({} if heartbeats else {"setup": 600.0, "step": 180.0, "checkpointing": 420.0})
-    assert cfg.rank_out_of_section_timeout == (None if heartbeats else 300.0)
-    assert cfg.initial_rank_heartbeat_timeout == (1800.0 if heartbeats else None)
-    assert cfg.rank_heartbeat_timeout == (300.0 if heartbeats else None)
-    assert cfg.workload_check_interval == 5.0
-    assert cfg.rank_termination_signal.name == "SIGKILL"
-    assert "--ignore-missing-fault-tol-cfg" not in _ft_launcher_args(script)
+    sections = {} if heartbeats else {"setup": 600.0, "step": 180.0, "checkpointing": 420.0}
+    assert cfg["rank_section_timeouts"] == sections
+    assert cfg["rank_out_of_section_timeout"] == (None if heartbeats else 300.0)
+    assert cfg["initial_rank_heartbeat_timeout"] == (1800.0 if heartbeats else None)
+    assert cfg["rank_heartbeat_timeout"] == (300.0 if heartbeats else None)
+    assert (cfg["workload_check_interval"], cfg["rank_termination_signal"]) == (5.0, "SIGKILL")
+    assert "--ignore-missing-fault-tol-cfg" not in step["argv"]
+    with open(step["env"]["PET_FT_CFG_PATH"]) as f:  # every key we wrote is one the release took, with our value
+        written = yaml.safe_load(f)["fault_tolerance"]
+    written["log_level"] = logging.getLevelName(written["log_level"])
+    assert {key: cfg.get(key, "<not a field of this release>") for key in written} == written
     if case == "ft_preemption_2x8_partial":
-        assert (args.nnodes, args.nproc_per_node) == ("2", "8")
+        assert (args["nnodes"], args["nproc_per_node"]) == ("2", "8")
+    if case == "ft_preemption_4x8_partial":
+        assert (args["nnodes"], args["nproc_per_node"]) == ("4", "8")
+
+
+def test_every_feature_reaches_ft_launcher_0_7(parsed):
+    step, result = parsed["ft_every_feature_nvrx_0_7"]
+    args, cfg = result["args"], result["config"]
+    job = f"{JOB_DIR}/gpt/gpt_preview/gpt"
+    assert {k: args[k] for k in ("ft_node_health_check_endpoint", "ft_no_restart_exit_code",
+                                 "ft_per_cycle_applog_prefix")} == {
+        "ft_node_health_check_endpoint": "unix:///var/run/nvhcd.sock", "ft_no_restart_exit_code": 94,
+        "ft_per_cycle_applog_prefix": f"{job}/ft_cycle_logs/cycle"}
+    assert {k: cfg[k] for k in (
+        "enable_dist_storage_healthcheck", "storage_healthcheck_path", "gpu_memory_reclaim_timeout",
+        "gpu_memory_tolerance_mb", "gpu_memory_poll_interval", "numa_bind_strict", "attribution_endpoint",
+        "attribution_stop_action", "cycle_info_dir", "max_no_progress_cycles", "min_progress_iterations",
+        "checkpoint_iteration_file")} == {
+        "enable_dist_storage_healthcheck": True, "storage_healthcheck_path": "/lustre/runs/gpt/ckpt",
+        "gpu_memory_reclaim_timeout": 120.0, "gpu_memory_tolerance_mb": 256.0, "gpu_memory_poll_interval": 1.0,
+        "numa_bind_strict": False, "attribution_endpoint": "localhost", "attribution_stop_action": "log",
+        "cycle_info_dir": f"{job}/ft_cycle_info", "max_no_progress_cycles": 3, "min_progress_iterations": 10,
+        "checkpoint_iteration_file": "/lustre/runs/gpt/ckpt/latest_checkpointed_iteration.txt"}
+    assert step["env"]["NVRX_GPUS_PER_NUMA"] == "4"  # read by the launcher itself, not by its parser
+
+
+def test_every_feature_reaches_ft_launcher_0_4(parsed):
+    _, result = parsed["ft_every_feature_nvrx_0_4"]
+    assert result["args"]["ft_restart_policy"] == "min-healthy"
+
+
+def test_progress_settings_reach_ft_launcher_0_6_despite_its_command_line_defaults(parsed):
+    """0.6.0's --ft-max-no-progress-cycles/--ft-min-progress-iterations default to 2/1 and override the config
+    file; the plugin therefore puts them on the command line for 0.6, and 0.6.0 itself ends up with them."""
+    _, result = parsed["ft_progress_flags_nvrx_0_6"]
+    assert (result["config"]["max_no_progress_cycles"], result["config"]["min_progress_iterations"]) == (4, 20)
+    assert result["config"]["checkpoint_iteration_file"] == "/lustre/runs/gpt/ckpt/latest_checkpointed_iteration.txt"
+    _, yaml_only = parsed["0.6 without flags"]  # the values in the YAML instead: 0.6.0's defaults win
+    assert (yaml_only["config"]["max_no_progress_cycles"], yaml_only["config"]["min_progress_iterations"]) == (2, 1)
 
 
 def test_ft_yaml_path_is_the_same_in_env_heredoc_and_nemo_run_export():
@@ -215,29 +213,46 @@ def test_preview_leaves_no_files_and_does_not_touch_nemorun_home(tmp_path, monke
 
 
 def test_plugins_rebuild_from_serialized_config():
-    """Experiment.from_id rebuilds plugins from their fiddle config: fields must be plain data."""
+    """Experiment.from_id rebuilds plugins from their fiddle config: fields are plain data or importable functions."""
     import fiddle as fdl
     from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
 
-    for plugin in (FaultTolerancePlugin(num_in_job_restarts=5, step_timeout=None, nvrx_version="0.7"),
-                   PreemptionPlugin(preempt_time=90, signal="SIGUSR1")):
+    from megatron_resilience.plugins import megatron_lm_args
+
+    for plugin in (FaultTolerancePlugin(num_in_job_restarts=5, step_timeout=None, nvrx_version="0.7",
+                                        storage_health_check=True, storage_health_check_paths=["/data", "/ckpt"],
+                                        script_args_converter_fn=megatron_lm_args),
+                   PreemptionPlugin(preempt_time=90, signal="SIGUSR1", script_args_converter_fn=megatron_lm_args)):
         serializer = ZlibJSONSerializer()
         rebuilt = fdl.build(serializer.deserialize(serializer.serialize(plugin.to_config())))
         assert rebuilt == plugin
 
 
-def test_partial_task_settings_in_serialized_job_config(tmp_path):
-    """The task the job runs (the serialized Partial) carries the plugins' trainer settings."""
+def test_job_runs_a_task_with_the_plugins_settings_after_a_serialization_round_trip(tmp_path, monkeypatch):
+    """The task file nemo_run writes for the job (``configs/<job>_fn_or_script``), deserialized and built the
+    way the job's ``nemo_run.core.runners.fdl_runner`` does, carries the plugins' trainer settings."""
     import fiddle as fdl
+    from nemo_run.config import get_nemorun_home, set_nemorun_home
+    from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
 
+    monkeypatch.setattr("sys.stdin", open(os.devnull))
     task, executor, plugins = CASES["ft_preemption_partial"]()
-    ex = executor.clone()
-    ex.assign("gpt_x", str(tmp_path), task_id="gpt", task_dir="gpt")
-    for plugin in plugins:
-        plugin.setup(task, ex)
-    built = fdl.build(task.ft), fdl.build(task.train)
-    assert built[0] == FaultToleranceConfig(enabled=True, calc_ft_timeouts=True)
-    assert built[1] == TrainingConfig(max_steps=1000, exit_signal_handler=True, exit_signal="SIGTERM")
+    executor.packager = run.Packager()
+    home = get_nemorun_home()
+    set_nemorun_home(str(tmp_path))
+    try:
+        with run.Experiment("gpt", executor=executor, log_level="WARN") as exp:
+            exp.add(task, name="gpt", plugins=plugins)
+            exp.dryrun(log=False, delete_exp_dir=False)
+            job_dir = exp.jobs[0].executor.job_dir
+    finally:
+        set_nemorun_home(home)
+    with open(os.path.join(job_dir, "configs", "gpt_fn_or_script")) as f:
+        built = fdl.build(fdl.cast(run.Partial, ZlibJSONSerializer().deserialize(f.read())))
+    assert built.func.__qualname__ == "pretrain"
+    assert built.keywords["ft"] == FaultToleranceConfig(enabled=True, calc_ft_timeouts=True)
+    assert built.keywords["train"] == TrainingConfig(max_steps=1000, exit_signal_handler=True, exit_signal="SIGTERM")
+    assert built.keywords["run_dir"] == "/lustre/runs/gpt"
 
 
 def test_preview_with_ssh_tunnel_does_not_connect():

@@ -1,264 +1,339 @@
-"""The shell our plugins add to the sbatch script, run by bash.
+"""The whole rendered sbatch script, attempt after attempt, with the job-level decision in its EXIT trap.
 
-The requeue-after-preemption block and the FT config heredoc are cut out of the golden scripts and
-run by bash (with nemo_run's own end of the script) with the job and run directories moved to
-temporary ones; the trainer's stop_reason.json is produced by the trainer's own writer. ``scontrol`` is a stub that records its
-arguments: these tests check the shell logic; the real-Slurm proof (signals, requeues, proctrack/cgroup)
-lives in the Slurm test suite.
+Each script is rendered by ``preview`` (our plugins and nemo_run's own templates) and run unchanged by
+bash, once per attempt, as Slurm would run it: again after each requeue, with ``SLURM_RESTART_COUNT``
+incremented. The EXIT trap runs the real ``python -m megatron_resilience.jobs.batch_exit`` (the real
+classifier, policies and ledger). Stubs stand in for what cannot run here: ``srun`` (the job step: it
+fails, finishes, is preempted, writes a corpus log, ... as the plan says), ``scontrol`` (records
+requeues and exclusions; ``show job`` reports the job state the case needs) and ``sinfo`` (the
+partition's nodes). The real-Slurm proof is tests/slurm/test_joblevel_on_slurm.py.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-GOLDEN_JOB_DIR = "/cluster/experiments/gpt/gpt_preview/gpt"
+CORPUS = os.path.join(os.path.dirname(__file__), "joblevel_corpus")
+REQUEUED = ["requeue 42"]
 
-
-GOLDEN_RUN_DIR = "/lustre/runs/gpt"
-
-
-def golden_text(golden: str) -> str:
-    with open(os.path.join(GOLDEN, golden)) as f:
-        return f.read()
-
-
-def block(golden: str, name: str, job_dir: str, run_dir: str = GOLDEN_RUN_DIR) -> str:
-    found = re.search(rf"# >>> megatron_resilience {name} >>>\n.*?# <<< megatron_resilience {name} <<<\n",
-                      golden_text(golden), re.S)
-    assert found, f"{name} block missing from {golden}"
-    return found.group(0).replace(GOLDEN_JOB_DIR, job_dir).replace(GOLDEN_RUN_DIR, run_dir)
-
-
-def tail(golden: str, code: int) -> str:
-    """nemo_run's own end of the script (after the srun), with the srun's exit code set to ``code``."""
-    text = golden_text(golden).split("\n\n# ==> ")[0]
-    return f"exitcode={code}\n" + text[text.index("exitcode=$?") + len("exitcode=$?"):] + "\n"
-
-
-def run_batch(tmp_path, body: str, **env) -> tuple[subprocess.CompletedProcess, list[str]]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    calls = tmp_path / "scontrol_calls"
-    stub = bin_dir / "scontrol"
-    stub.write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
-    stub.chmod(0o755)
-    environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "TORCHX_MAX_RETRIES": "0", **env}
-    proc = subprocess.run(["bash", "-c", body], env=environment, capture_output=True, text=True, timeout=30)
-    return proc, calls.read_text().splitlines() if calls.exists() else []
-
-
-def trainer_writes_stop_reason(run_dir: str, reason: str, code: int) -> str:
-    """Shell that writes the file exactly as the trainer does (its own writer, run here to get the bytes)."""
-    from types import SimpleNamespace
-
-    from megatron_resilience.resilience.hooks import STOP_REASON_FILE, ResilienceHooks
-    from megatron_resilience.plugins.preemption import STOP_REASON_FILE as PLUGIN_STOP_REASON_FILE
-
-    assert PLUGIN_STOP_REASON_FILE == STOP_REASON_FILE
-    scratch = os.path.join(run_dir, "scratch")
-    ResilienceHooks._write_stop_reason(SimpleNamespace(config=SimpleNamespace(run_dir=scratch)),
-                                       SimpleNamespace(step=10), reason, code)
-    with open(os.path.join(scratch, STOP_REASON_FILE)) as f:
-        content = f.read()
-    return f"cat > {run_dir}/{STOP_REASON_FILE} <<'EOF'\n{content}\nEOF\n"
-
-
-FINISHED = 'touch "$FAULT_TOL_FINISHED_FLAG_FILE"\n'
-
-
-# (trainer's ending, srun exit code, TORCHX_MAX_RETRIES, SLURM_RESTART_COUNT) -> scontrol calls
-@pytest.mark.parametrize("ending, code, retries, restart, calls", [
-    (("signal", 0), 1, "0", None, ["requeue 42"]),  # torchrun exits 1 after forwarding SIGTERM
-    (("signal", 0), 0, "0", None, ["requeue 42"]),  # no launcher: python's own exit 0
-    (("signal", 0), 1, "2", None, ["requeue 42"]),  # nemo_run's template requeues; the trap does not again
-    (("signal", 0), 1, "2", "2", ["requeue 42"]),  # retries used up by earlier requeues: the trap requeues
-    (("duration", 0), 0, "0", "1", ["requeue 42"]),
-    (("finished", 0), 0, "0", None, []),
-    (("rerun:16", 16), 16, "0", None, []),  # 16/17 are the template's (and retries') business
-    (None, 1, "0", None, []),  # crash: no stop_reason.json
-])
-def test_preemption_requeue_block(tmp_path, ending, code, retries, restart, calls):
-    job_dir, run_dir = str(tmp_path / "job"), str(tmp_path / "run")
-    os.makedirs(job_dir)
-    os.makedirs(run_dir)
-    trainer = ""
-    if ending is not None:
-        trainer = trainer_writes_stop_reason(run_dir, *ending) + (FINISHED if ending[0] == "finished" else "")
-    env = {"TORCHX_MAX_RETRIES": retries, **({"SLURM_RESTART_COUNT": restart} if restart else {})}
-    golden = "preemption_partial.sh"
-    body = block(golden, "PreemptionPlugin requeue", job_dir, run_dir) + trainer + tail(golden, code)
-    proc, scontrol = run_batch(tmp_path, body, **env)
-    assert proc.returncode == code, proc.stderr
-    assert scontrol == calls
-    if calls and code == 0:
-        assert "Trainer stopped before finishing" in proc.stdout
-
-
-def test_stale_stop_reason_of_an_earlier_attempt_is_ignored(tmp_path):
-    job_dir, run_dir = str(tmp_path / "job"), str(tmp_path / "run")
-    os.makedirs(job_dir)
-    os.makedirs(run_dir)
-    golden = "preemption_partial.sh"
-    stale = trainer_writes_stop_reason(run_dir, "signal", 0)
-    body = stale + block(golden, "PreemptionPlugin requeue", job_dir, run_dir) + tail(golden, 1)  # then a crash
-    proc, scontrol = run_batch(tmp_path, body, SLURM_RESTART_COUNT="1")
-    assert (proc.returncode, scontrol) == (1, [])
-
-
-def test_requeued_job_that_already_finished_exits_at_once(tmp_path):
-    job_dir = str(tmp_path / "job")
-    os.makedirs(job_dir)
-    open(os.path.join(job_dir, "gpt_finished_flag"), "w").close()
-    golden = "preemption_partial.sh"
-    body = block(golden, "PreemptionPlugin requeue", job_dir, str(tmp_path)) + "echo TRAINER-RAN\n" + tail(golden, 0)
-    proc, calls = run_batch(tmp_path, body, SLURM_RESTART_COUNT="1")
-    assert (proc.returncode, calls) == (0, [])
-    assert "Training is finished" in proc.stdout and "TRAINER-RAN" not in proc.stdout
-
-
-def test_first_attempt_removes_a_stale_finished_flag(tmp_path):
-    job_dir, run_dir = str(tmp_path / "job"), str(tmp_path / "run")
-    os.makedirs(job_dir)
-    os.makedirs(run_dir)
-    open(os.path.join(job_dir, "gpt_finished_flag"), "w").close()
-    golden = "preemption_partial.sh"
-    body = (block(golden, "PreemptionPlugin requeue", job_dir, run_dir) + trainer_writes_stop_reason(run_dir, "signal", 0)
-            + tail(golden, 0))
-    proc, calls = run_batch(tmp_path, body)
-    assert calls == ["requeue 42"]
-    assert not os.path.exists(os.path.join(job_dir, "gpt_finished_flag"))
-
-
-def test_ft_heredoc_writes_the_yaml_ft_launcher_reads(tmp_path):
-    job_dir = str(tmp_path / "job")
-    os.makedirs(job_dir)
-    body = block("ft_preemption_partial.sh", "FaultTolerancePlugin ft_launcher config", job_dir)
-    proc, _ = run_batch(tmp_path, "set -evx\n" + body)
-    assert proc.returncode == 0, proc.stderr
-    with open(os.path.join(job_dir, "gpt_ft_cfg.yml")) as f:
-        written = f.read()
-    assert written == (
-        "fault_tolerance:\n  workload_check_interval: 5.0\n  initial_rank_heartbeat_timeout: null\n"
-        "  rank_heartbeat_timeout: null\n  rank_section_timeouts:\n    setup: 600.0\n    step: 180.0\n"
-        "    checkpointing: 420.0\n  rank_out_of_section_timeout: 300.0\n  rank_termination_signal: SIGKILL\n"
-        "  log_level: INFO\n")
-
-
-def test_ft_golden_has_no_preemption_requeue_block():
-    """With ft_launcher, nemo_run's FT teardown requeues; a second requeue from our trap must not exist."""
-    for name in ("ft_preemption_partial.sh", "ft_preemption_script.sh", "ft_heartbeats_preemption_inline.sh"):
-        with open(os.path.join(GOLDEN, name)) as f:
-            assert "PreemptionPlugin requeue" not in f.read()
-
-
-def test_golden_scripts_are_valid_bash():
-    for path in sorted(glob.glob(os.path.join(GOLDEN, "*.sh"))):
-        proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
-        assert proc.returncode == 0, f"{path}: {proc.stderr}"
-
-
-# --- FaultTolerancePlugin: the whole rendered sbatch script, attempt after attempt ----------------------------------
-# The script is rendered by ``preview`` (the plugins and nemo_run's own FT template) and run unchanged by bash.
-# Stubs stand in for what cannot run here: ``srun`` (the ft_launcher step: it fails, finishes or is preempted as
-# the plan says) and ``scontrol`` (records requeues). Each requeue starts the next attempt with
-# SLURM_RESTART_COUNT + 1, as Slurm does; the real-Slurm proof is tests/slurm (test_3b).
-
-SRUN_STUB = """#!/bin/bash
+SRUN_STUB = r"""#!/bin/bash
 case "$*" in *hostname*) echo 127.0.0.1; exit 0;; esac
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "--output" ] && out="$a"; prev="$a"; done
+out="${out//%j/$SLURM_JOB_ID}"
 action=$(echo "$PLAN" | cut -d' ' -f$(( ${SLURM_RESTART_COUNT:-0} + 1 )))
+reason() { cp "$STOP_REASONS/$1.json" "$RUN_DIR/stop_reason.json"; }
 case "$action" in
   fail) exit 1;;
-  finish) touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0;;
-  preempt) exit 0;;  # ft_launcher: every rank saved and exited 0 (stop_reason.json: exit_code 0, finished false)
-  rerun17) touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 17;;
+  finish) reason finished; touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0;;
+  preempt) reason signal; exit 0;;      # ft_launcher: every rank saved and exited 0
+  preempt1) reason signal; exit 1;;     # torchrun exits 1 after forwarding the signal
+  rerun17) reason rerun17; touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 17;;
+  rerun16) reason rerun16; cp "$CORPUS/rerun_16.log" "$out"; exit 16;;
+  oom) cp "$CORPUS/cuda_oom.log" "$out"; exit 1;;
+  nccl) cp "$CORPUS/nccl_timeout.log" "$out"; exit 1;;
+  norestart) cp "$CORPUS/nvrx_no_restart.log" "$out"; exit 93;;
 esac
 echo "no plan for attempt ${SLURM_RESTART_COUNT:-0}" >&2; exit 99
 """
+SCONTROL_STUB = r"""#!/bin/bash
+case "$1 $2" in
+  "show hostnames") echo "${SLURM_JOB_NODELIST//,/ }" | tr ' ' '\n'; exit 0;;
+  "-o show"|"show job") echo "JobId=$SLURM_JOB_ID JobName=gpt JobState=${JOB_STATE:-RUNNING} Partition=batch"; exit 0;;
+esac
+echo "$@" >> "$CALLS"
+"""
+SINFO_STUB = r"""#!/bin/bash
+for n in ${PARTITION_NODES//,/ }; do echo "$n|idle"; done
+"""
 
 
-def ft_script(tmp_path, retries: int) -> tuple[str, str]:
-    """(rendered sbatch script, job directory on the "cluster") for FT + preemption with ``retries``."""
+def stop_reasons(folder) -> str:
+    """The trainer's stop_reason.json for each ending, written by the trainer's own writer."""
+    from types import SimpleNamespace
+
+    from megatron_resilience.plugins.batch_decision import STOP_REASON_FILE as PLUGIN_STOP_REASON_FILE
+    from megatron_resilience.resilience.hooks import STOP_REASON_FILE, ResilienceHooks
+
+    assert PLUGIN_STOP_REASON_FILE == STOP_REASON_FILE
+    for name, reason, code in (("finished", "finished", 0), ("signal", "signal", 0), ("rerun17", "rerun:17", 17),
+                               ("rerun16", "rerun:16", 16)):
+        scratch = folder / name
+        ResilienceHooks._write_stop_reason(SimpleNamespace(config=SimpleNamespace(run_dir=str(scratch))),
+                                           SimpleNamespace(step=10), reason, code)
+        os.replace(scratch / STOP_REASON_FILE, folder / f"{name}.json")
+    return str(folder)
+
+
+def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, preemption: bool = True) -> dict:
+    """The sbatch script of a gpt job (FT and/or preemption, optionally a RestartPolicyPlugin) and its folders."""
     from megatron_resilience.config import CheckpointConfig
     from megatron_resilience.entry import pretrain
-    from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, preview
+    from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin, preview
     from megatron_resilience.upstream import import_nemo_run
 
     run = import_nemo_run()
-    cluster = tmp_path / "cluster"
-    task = run.Partial(pretrain, run_dir=str(tmp_path / "run"),
-                       checkpoint=run.Config(CheckpointConfig, save=str(tmp_path / "run" / "ckpt")))
+    cluster, run_dir = tmp_path / "cluster", tmp_path / "run"
+    task = run.Partial(pretrain, run_dir=str(run_dir), checkpoint=run.Config(CheckpointConfig, save=str(run_dir / "c")))
     executor = run.SlurmExecutor(account="acct", partition="batch", nodes=1, ntasks_per_node=2, time="04:00:00",
-                                 tunnel=run.LocalTunnel(job_dir=str(cluster)))
-    script = preview(task, executor, [FaultTolerancePlugin(num_job_retries_on_failure=retries), PreemptionPlugin()],
-                     name="gpt")
-    job_dir = str(cluster / "gpt" / "gpt_preview" / "gpt")
-    os.makedirs(job_dir)
+                                 retries=retries, tunnel=run.LocalTunnel(job_dir=str(cluster)))
+    plugins = ([FaultTolerancePlugin(num_job_retries_on_failure=retries)] if ft else []) + \
+              ([PreemptionPlugin()] if preemption else []) + \
+              ([RestartPolicyPlugin(policy=policy)] if policy else [])
+    script = preview(task, executor, plugins, name="gpt")
+    job_dir = cluster / "gpt" / "gpt_preview" / "gpt"
+    job_dir.mkdir(parents=True)
     # preview masks torchrun's random rendezvous id as "<random>" (a redirection to bash): put a number back
-    return script.replace("--rdzv-id <random>", "--rdzv-id 1234"), job_dir
+    return {"script": script.replace("--rdzv-id <random>", "--rdzv-id 1234"), "job_dir": str(job_dir),
+            "run_dir": str(run_dir), "tmp": tmp_path}
 
 
-def run_attempts(tmp_path, script: str, plan: str) -> list[tuple[int, list[str]]]:
-    """Run the batch script as Slurm would: again after each requeue. [(exit code, scontrol requeue calls)]."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", SRUN_STUB), ("scontrol", '#!/bin/bash\n'
-                                                         'case "$1" in show) echo localhost;; *) echo "$@" >> "$CALLS";; esac\n')):
+def run_attempts(job: dict, plan: str, *, python: str = sys.executable, nodes: str = "localhost",
+                 partition: str | None = None, job_state: str = "RUNNING", restarts=None):
+    """Run the batch script as Slurm would: again after each requeue. [(exit code, scontrol calls)], outputs."""
+    tmp = job["tmp"]
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", SRUN_STUB), ("scontrol", SCONTROL_STUB), ("sinfo", SINFO_STUB)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    attempts: list[tuple[int, list[str]]] = []
-    for restart in range(len(plan.split())):
-        calls = tmp_path / f"calls_{restart}"
+    reasons = tmp / "reasons"
+    reasons.mkdir(exist_ok=True)
+    attempts, outputs = [], []
+    for restart in (restarts or range(len(plan.split()))):
+        calls = tmp / f"calls_{restart}"
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "PLAN": plan, "CALLS": str(calls),
-               "SLURM_JOB_NODELIST": "localhost", **({"SLURM_RESTART_COUNT": str(restart)} if restart else {})}
-        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+               "SLURM_JOB_NODELIST": nodes, "SLURM_JOB_PARTITION": "batch", "PARTITION_NODES": partition or nodes,
+               "JOB_STATE": job_state, "RUN_DIR": job["run_dir"], "CORPUS": CORPUS,
+               "STOP_REASONS": stop_reasons(reasons),
+               "MEGATRON_RESILIENCE_PYTHON": python, **({"SLURM_RESTART_COUNT": str(restart)} if restart else {})}
+        proc = subprocess.run(["bash", "-c", job["script"]], env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 99, proc.stderr
-        requeues = calls.read_text().splitlines() if calls.exists() else []
-        attempts.append((proc.returncode, requeues))
-        if not requeues:
+        made = calls.read_text().splitlines() if calls.exists() else []
+        attempts.append((proc.returncode, made))
+        outputs.append(proc.stdout)  # the script's echo (set -v) and trace (set -x) go to stderr
+        if "requeue 42" not in made:
             break
-    return attempts
+    return attempts, outputs
 
 
-REQUEUED = ["requeue 42"]
+def ledger(job: dict, kind: str | None = None) -> list[dict]:
+    from megatron_resilience.jobs.ledger import Ledger
+
+    return Ledger(os.path.join(job["run_dir"], "job_ledger.jsonl")).records(kind)
 
 
-# (num_job_retries_on_failure, what each attempt's step does) -> [(batch script exit code, scontrol calls)], job results
-@pytest.mark.parametrize("retries, plan, attempts, results", [
+def results(job: dict) -> list[str]:
+    with open(os.path.join(job["job_dir"], "gpt_job_results")) as f:
+        return f.read().splitlines()
+
+
+# --- without a RestartPolicyPlugin: nemo_run's rule, decided by the classifier or by the bash fallback -----------
+
+BROKEN = "/bin/false"  # the classifier cannot run: the trap must fall back to nemo_run's own decision
+
+
+FT_PLANS = [
     # every attempt fails: 1 + num_job_retries_on_failure attempts, the last one ends non-zero (Slurm: FAILED)
     (2, "fail fail fail fail", [(1, REQUEUED), (1, REQUEUED), (1, [])], ["0 F", "1 F", "2 F"]),
     (0, "fail fail", [(1, [])], ["0 F"]),
     (0, "finish", [(0, [])], ["0 S"]),
     (2, "fail finish", [(1, REQUEUED), (0, [])], ["0 F", "1 S"]),
-    # a preempted attempt (exit 0, not finished) is requeued and recorded as a success: no failure retry spent,
-    # even with none to spend, and the count of failures in a row starts again after it
+    # a preempted attempt (exit 0, not finished) is requeued and spends no failure retry, even with none to
+    # spend, and the count of failures in a row starts again after it
     (0, "preempt preempt finish", [(0, REQUEUED), (0, REQUEUED), (0, [])], ["0 S", "1 S", "2 S"]),
     (0, "preempt fail fail", [(0, REQUEUED), (1, [])], ["0 S", "1 F"]),
     (1, "fail preempt fail fail fail", [(1, REQUEUED), (0, REQUEUED), (1, REQUEUED), (1, [])],
      ["0 F", "1 S", "2 F", "3 F"]),
     # rerun state machine's exit 17 touches the finished flag: not requeued, and the job ends FAILED (exit 17)
     (2, "rerun17 finish", [(17, [])], ["0 F"]),
+]
+
+
+# (num_job_retries_on_failure, what each attempt's step does) -> [(batch script exit code, scontrol calls)], results;
+# the classifier reproduces nemo_run's rule for every plan; the fallback is nemo_run's own code (three plans).
+@pytest.mark.parametrize("python, retries, plan, attempts, job_results",
+                         [(sys.executable, *p) for p in FT_PLANS] + [(BROKEN, *FT_PLANS[i]) for i in (0, 5, 7)])
+def test_ft_job_without_policy_follows_nemo_runs_rule(tmp_path, python, retries, plan, attempts, job_results):
+    job = render(tmp_path, ft=True, retries=retries)
+    assert f"export TORCHX_MAX_RETRIES={retries + 1}\n" in job["script"]
+    got, outputs = run_attempts(job, plan, python=python)
+    assert got == attempts
+    assert results(job) == [f"42 {r}" for r in job_results]
+    fell_back = any("the job-level classifier failed" in o for o in outputs)
+    assert fell_back == (python == BROKEN)
+    if python != BROKEN:
+        assert len(ledger(job, "attempt")) == len(attempts)
+        assert all(r["policy"] == "nemo_run" for r in ledger(job, "attempt"))
+
+
+@pytest.mark.parametrize("python, attempts", [
+    # the classifier: a preemption never spends one of the failure retries (executor.retries=1)
+    (sys.executable, [(1, REQUEUED), (1, REQUEUED), (1, REQUEUED), (0, [])]),
+    # nemo_run's plain template alone counted every requeue (SLURM_RESTART_COUNT): the failure is not retried
+    (BROKEN, [(1, REQUEUED), (1, REQUEUED), (1, [])]),
 ])
-def test_ft_job_attempts_requeues_and_final_exit_code(tmp_path, retries, plan, attempts, results):
-    script, job_dir = ft_script(tmp_path, retries)
-    assert f"export TORCHX_MAX_RETRIES={retries + 1}\n" in script
-    assert run_attempts(tmp_path, script, plan) == attempts
-    with open(os.path.join(job_dir, "gpt_job_results")) as f:
-        assert f.read().splitlines() == [f"42 {r}" for r in results]
+def test_preemption_requeues_do_not_spend_failure_retries_without_ft(tmp_path, python, attempts):
+    job = render(tmp_path, ft=False, retries=1)
+    assert "export TORCHX_MAX_RETRIES=1\n" in job["script"]
+    got, _ = run_attempts(job, "preempt1 preempt1 fail finish", python=python)
+    assert got == attempts
 
 
-def test_ft_job_requeued_after_its_failure_limit_exits_1_without_running(tmp_path):
-    """A job requeued by hand (or by the scheduler) after its last allowed failure does not run again."""
-    script, job_dir = ft_script(tmp_path, 0)
-    attempts = run_attempts(tmp_path, script, "fail")
-    assert attempts == [(1, [])]
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "PLAN": "finish finish",
-           "CALLS": str(tmp_path / "calls_x"), "SLURM_RESTART_COUNT": "1"}
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1 and "Job failures limit reached (1)" in proc.stdout
-    assert not os.path.exists(os.path.join(job_dir, "gpt_finished_flag"))
+@pytest.mark.parametrize("plan, attempts", [
+    ("finish", [(0, [])]),
+    ("preempt finish", [(0, REQUEUED), (0, [])]),
+    ("fail", [(1, [])]),  # executor.retries=0
+    ("rerun17", [(17, [])]),
+])
+def test_plain_template_without_policy(tmp_path, plan, attempts):
+    job = render(tmp_path, ft=False)
+    assert run_attempts(job, plan)[0] == attempts
+
+
+def test_ft_do_not_restart_exit_code_is_honoured(tmp_path):
+    """ft_launcher's "do not restart" (exit 93, nvidia-resiliency-ext >= 0.6) stops the job with retries left."""
+    job = render(tmp_path, ft=True, retries=2)
+    got, outputs = run_attempts(job, "norestart finish")
+    assert got == [(93, [])]
+    [attempt] = ledger(job, "attempt")
+    assert attempt["classification"]["error_type"] == "do_not_restart"
+    assert attempt["classification"]["fields"]["reason"] == "no_progress"
+    assert ledger(job, "final")[0]["outcome"] == "stopped"
+
+
+def test_requeued_job_that_already_finished_exits_at_once(tmp_path):
+    job = render(tmp_path, ft=False)
+    open(os.path.join(job["job_dir"], "gpt_finished_flag"), "w").close()
+    job["script"] = job["script"].replace("# Command 1", "echo TRAINER-RAN\n# Command 1")
+    got, outputs = run_attempts(job, "x finish", restarts=[1])
+    assert got == [(0, [])]
+    assert "Training is finished" in outputs[0] and "TRAINER-RAN" not in outputs[0]
+
+
+def test_first_attempt_removes_a_stale_finished_flag(tmp_path):
+    job = render(tmp_path, ft=False)
+    open(os.path.join(job["job_dir"], "gpt_finished_flag"), "w").close()
+    got, _ = run_attempts(job, "preempt finish")
+    assert got == [(0, REQUEUED), (0, [])]
+
+
+def test_stale_stop_reason_of_an_earlier_attempt_is_ignored(tmp_path):
+    job = render(tmp_path, ft=False)
+    os.makedirs(job["run_dir"])
+    with open(os.path.join(job["run_dir"], "stop_reason.json"), "w") as f:
+        json.dump({"reason": "signal", "step": 3, "exit_code": 0, "finished": False}, f)
+    got, _ = run_attempts(job, "x fail", restarts=[1])  # a crash; the file is an earlier attempt's
+    assert got == [(1, [])]
+
+
+# --- with a RestartPolicyPlugin -----------------------------------------------------------------------------------
+
+
+def test_policy_oom_is_not_retried(tmp_path):
+    job = render(tmp_path, ft=True, retries=2, policy="megatron_transient")
+    got, outputs = run_attempts(job, "oom finish")
+    assert got == [(1, [])]
+    [attempt] = ledger(job, "attempt")
+    assert (attempt["classification"]["error_type"], attempt["decision"]["action"]) == ("cuda_oom", "stop")
+    assert attempt["classification"]["fields"]["alloc"] == "2.00 GiB"
+    [final] = ledger(job, "final")
+    assert final["outcome"] == "stopped"
+    assert "megatron_resilience: NOT restarted after 1 attempt(s): cuda_oom is not restarted" in outputs[0]
+    assert os.path.exists(os.path.join(job["job_dir"], "gpt_job_level_stopped"))
+
+
+def test_policy_nccl_timeout_is_requeued_then_finishes(tmp_path):
+    job = render(tmp_path, ft=True, policy="megatron_transient")
+    got, _ = run_attempts(job, "nccl finish")
+    assert got == [(1, REQUEUED), (0, [])]
+    first, second = ledger(job, "attempt")
+    assert first["classification"]["error_type"] == "nccl_timeout"
+    assert first["decision"]["budget_left"] == {"crash": 3, "stall": 1, "timeout": 1}
+    assert second["classification"]["error_type"] == "finished"
+    intents = ledger(job, "intent")
+    assert [i["command"] for i in intents] == [["scontrol", "requeue", "42"]]
+    assert [o["ok"] for o in ledger(job, "outcome")] == [True]
+
+
+def test_policy_budget_exhausted_ends_with_a_final_record_and_a_clear_message(tmp_path):
+    job = render(tmp_path, ft=True, policy="megatron_transient")  # 2 stall restarts
+    got, outputs = run_attempts(job, "nccl nccl nccl nccl")
+    assert got == [(1, REQUEUED), (1, REQUEUED), (1, [])]
+    assert [a["decision"]["budget_left"]["stall"] for a in ledger(job, "attempt")] == [1, 0, 0]
+    [final] = ledger(job, "final")
+    assert final["outcome"] == "budget_exhausted"
+    assert final["message"].startswith("NOT restarted after 3 attempt(s): retry budget exhausted: 2 of 2 stall "
+                                       "restart(s) used (nccl_timeout, policy megatron_transient)")
+    assert final["message"] in outputs[-1]
+    # requeued by hand afterwards: the stopped run does not start again
+    got, outputs = run_attempts(job, "nccl nccl nccl finish", restarts=[3])
+    assert got == [(1, [])] and "megatron_resilience: this run was stopped: NOT restarted" in outputs[0]
+
+
+@pytest.mark.parametrize("nodes, partition, calls, not_applied", [
+    # two nodes: the node Megatron's rerun machine named is excluded from the requeued job
+    ("nid004410", "nid004410,nid004411", REQUEUED + ["update JobId=42 ExcNodeList=nid004410"], None),
+    # the only node: excluding it would strand the job, so the exclusion is recorded, not applied
+    ("nid004410", "nid004410", REQUEUED, "excluding nid004410 would leave 0 usable node(s) in partition batch"),
+])
+def test_policy_exit_16_requeues_excluding_the_node(tmp_path, nodes, partition, calls, not_applied):
+    job = render(tmp_path, ft=True, policy="megatron_transient")
+    got, outputs = run_attempts(job, "rerun16", nodes=nodes, partition=partition)
+    assert got == [(16, calls)]
+    [attempt] = ledger(job, "attempt")
+    decision = attempt["decision"]
+    assert (attempt["classification"]["error_type"], decision["exclude_requested"]) == ("rerun_resume", ["nid004410"])
+    if not_applied:
+        assert decision["exclude_applied"] == [] and decision["exclude_not_applied"].startswith(not_applied)
+    else:
+        assert decision["exclude_applied"] == ["nid004410"] and decision["exclude_not_applied"] is None
+        assert [i["action"] for i in ledger(job, "intent")] == ["requeue", "exclude_nodes"]
+
+
+def test_policy_user_scancel_is_never_retried(tmp_path):
+    """scancel: the trainer still catches SIGTERM and saves (stop_reason "signal"), but a person stopped the job."""
+    job = render(tmp_path, ft=True, policy="megatron_aggressive")
+    got, _ = run_attempts(job, "preempt finish", job_state="CANCELLED")
+    assert got == [(0, [])]
+    [attempt] = ledger(job, "attempt")
+    assert attempt["classification"]["error_type"] == "user_cancel"
+    assert ledger(job, "final")[0]["outcome"] == "cancelled"
+
+
+def test_policy_classifier_failure_falls_back_to_nemo_runs_rule(tmp_path):
+    job = render(tmp_path, ft=True, retries=1, policy="megatron_transient")
+    got, outputs = run_attempts(job, "oom oom oom", python=BROKEN)
+    assert got == [(1, REQUEUED), (1, [])]  # nemo_run's rule: 1 + num_job_retries_on_failure attempts
+    assert all("the job-level classifier failed (exit 1); falling back to nemo_run's decision" in o for o in outputs)
+
+
+def test_ft_heredoc_writes_the_yaml_ft_launcher_reads(tmp_path):
+    with open(os.path.join(GOLDEN, "ft_preemption_partial.sh")) as f:
+        text = f.read()
+    found = re.search(r"# >>> megatron_resilience FaultTolerancePlugin ft_launcher config >>>\n.*?"
+                      r"# <<< megatron_resilience FaultTolerancePlugin ft_launcher config <<<\n", text, re.S)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    body = found.group(0).replace("/cluster/experiments/gpt/gpt_preview/gpt", str(job_dir))
+    proc = subprocess.run(["bash", "-c", "set -evx\n" + body], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (job_dir / "gpt_ft_cfg.yml").read_text() == (
+        "fault_tolerance:\n  workload_check_interval: 5.0\n  initial_rank_heartbeat_timeout: null\n"
+        "  rank_heartbeat_timeout: null\n  rank_section_timeouts:\n    setup: 600.0\n    step: 180.0\n"
+        "    checkpointing: 420.0\n  rank_out_of_section_timeout: 300.0\n  rank_termination_signal: SIGKILL\n"
+        "  log_level: INFO\n")
+
+
+def test_golden_scripts_are_valid_bash():
+    for path in sorted(glob.glob(os.path.join(GOLDEN, "*.sh"))):
+        proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path}: {proc.stderr}"

@@ -52,7 +52,7 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
     assert messages(caplog) == [
         "FaultTolerancePlugin: task ft.enabled: False (default) -> True (enable_ft_package)",
         "FaultTolerancePlugin: task ft.calc_ft_timeouts: False (default) -> True (calc_ft_timeouts)",
-        "FaultTolerancePlugin: ft.mode=sections: heartbeat timeouts are not set (section messages do not reset the "
+        "FaultTolerancePlugin: mode=sections: heartbeat timeouts are not set (section messages do not reset the "
         "heartbeat timer); hangs are caught by the section timeouts setup=600.0 step=180.0 checkpointing=420.0 "
         "out-of-section=300.0",
         "FaultTolerancePlugin: executor.launcher: None -> ft_launcher (run.FaultTolerance)",
@@ -60,7 +60,7 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
         "stops requeueing once TORCHX_MAX_RETRIES=executor.retries attempts in a row failed, so a failing job runs "
         "1 + 2 times)",
         "FaultTolerancePlugin: ft_launcher rendered for nvidia-resiliency-ext 0.4.1 (installed nvidia-resiliency-ext); "
-        "ft.mode=sections; FT config at /nemo_run/gpt_ft_cfg.yml",
+        "mode=sections; FT config at /nemo_run/gpt_ft_cfg.yml",
         "PreemptionPlugin: task train.exit_signal_handler: False (default) -> True (enable_exit_handler)",
         "PreemptionPlugin: task train.exit_signal_handler_for_dataloader: False (default) -> True "
         "(enable_exit_handler_for_data_loader)",
@@ -89,7 +89,8 @@ def test_partial_user_values_are_overridden_with_a_log_line(tmp_path, caplog):
     assert "FaultTolerancePlugin: task ft.enabled: False -> True (enable_ft_package)" in logged
     assert not any("calc_ft_timeouts" in m for m in logged)  # already False (default): nothing changed
     assert "PreemptionPlugin: task train.exit_signal: 'SIGUSR1' -> 'SIGHUP' (signal)" in logged
-    assert (executor.launcher.initial_rank_heartbeat_timeout, executor.launcher.rank_heartbeat_timeout) == (1800.0, 120.0)
+    launcher = executor.launcher
+    assert (launcher.initial_rank_heartbeat_timeout, launcher.rank_heartbeat_timeout) == (1800.0, 120.0)
     assert executor.signal == "SIGHUP@120"
 
 
@@ -178,8 +179,9 @@ def test_local_executor(tmp_path, caplog):
     # no job-level retries without a scheduler: executor.retries is left as it was
     assert isinstance(executor.launcher, run.FaultTolerance) and executor.retries == 0
     assert fdl.build(task.train).exit_signal_handler is True
-    assert ("PreemptionPlugin: LocalExecutor has no scheduler: no scheduler signal is configured; the trainer saves "
-            "a checkpoint and exits 0 when it receives SIGTERM") in messages(caplog)
+    assert ("PreemptionPlugin: LocalExecutor has no scheduler signal before a time limit: none is configured; the "
+            "trainer saves a checkpoint and exits 0 when it receives SIGTERM (e.g. when the platform stops the job)"
+            ) in messages(caplog)
 
 
 def test_ft_yaml_is_loaded_by_nvidia_resiliency_ext(tmp_path):
@@ -204,16 +206,16 @@ def test_ft_yaml_is_loaded_by_nvidia_resiliency_ext(tmp_path):
 
 
 @pytest.mark.parametrize("version, env, cli_fields", [
-    ("0.3", "PET_FAULT_TOL_CFG_PATH", None),  # --ft-param-* only: everything goes through the YAML
-    ("0.4.1", "PET_FT_CFG_PATH", 5.0),
-    ("0.7", "PET_FT_CFG_PATH", 5.0),
+    ("0.3", ["PET_FAULT_TOL_CFG_PATH"], None),  # --ft-param-* only: everything goes through the YAML
+    ("0.4.1", ["PET_FT_CFG_PATH"], 5.0),
+    ("0.7", ["PET_FT_CFG_PATH"], 5.0),  # 0.7: its "do not restart" code goes to the job-level config
 ])
 def test_rendering_follows_nvrx_version(tmp_path, version, env, cli_fields):
     from megatron_resilience import upstream
 
     executor = slurm(tmp_path)
     FaultTolerancePlugin(nvrx_version=version).setup(run.Partial(pretrain, run_dir="/r"), executor)
-    assert list(executor.env_vars) == [env]
+    assert list(executor.env_vars) == env
     assert executor.launcher.workload_check_interval == cli_fields
     assert executor.launcher.max_restarts == 3
     parsed = upstream.parse_version(version)

@@ -48,19 +48,79 @@ fault_tolerance:
   log_level: INFO
 MEGATRON_RESILIENCE_FT_CFG
 # <<< megatron_resilience FaultTolerancePlugin ft_launcher config <<<
-# >>> megatron_resilience FaultTolerancePlugin exit status >>>
-# nemo_run's FT teardown falls off the end of this script (status 0) when it does not requeue; then end
-# with the job step's exit code, so Slurm records a failed last attempt as FAILED, not COMPLETED
-exitcode=0
-megatron_resilience_exit_with_step_code() {
-    local status=$?
-    if [ "$status" = 0 ] && [ "$exitcode" != 0 ]; then
-        echo "Not requeued: the batch script exits with the job step's exit code $exitcode"
-        exit "$exitcode"
-    fi
+# >>> megatron_resilience job-level decision >>>
+# The job-level decision (megatron_resilience.jobs): why this attempt ended, and whether the job
+# continues; nemo_run's own requeue below is deferred to it (see plugins/batch_decision.py)
+megatron_resilience_attempt=$(( ${SLURM_RESTART_COUNT:-0} + ${MEGATRON_RESILIENCE_RESUBMISSION:-0} ))
+if [ "$megatron_resilience_attempt" -gt 0 ]; then
+    if [ -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ]; then echo "Training is finished"; exit 0; fi
+    if [ -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level_stopped ]; then echo "megatron_resilience: this run was stopped: $(cat /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level_stopped)"; exit 1; fi
+else
+    rm -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level_stopped
+fi
+rm -f /lustre/runs/gpt/stop_reason.json
+mkdir -p /lustre/runs/gpt
+cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RESILIENCE_JOB_LEVEL'
+{
+ "checkpoint_dir": "/lustre/runs/gpt/ckpt",
+ "cycle_info_dir": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_info",
+ "cycle_log_prefix": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_logs/cycle",
+ "finished_flag": "/cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag",
+ "finished_grace_seconds": 300.0,
+ "ft": true,
+ "inactivity_threshold": null,
+ "job_dir": "/cluster/experiments/gpt/gpt_preview/gpt",
+ "job_name": "gpt",
+ "ledger": "/lustre/runs/gpt/job_ledger.jsonl",
+ "max_log_bytes": 8388608,
+ "metrics": "/lustre/runs/gpt/metrics.jsonl",
+ "monitors": [
+  "megatron_production"
+ ],
+ "no_restart_exit_code": 93,
+ "policy": null,
+ "run_dir": "/lustre/runs/gpt",
+ "sbatch_script": "/cluster/experiments/gpt/gpt_preview/gpt_sbatch.sh",
+ "stop_reason": "/lustre/runs/gpt/stop_reason.json"
 }
-trap megatron_resilience_exit_with_step_code EXIT
-# <<< megatron_resilience FaultTolerancePlugin exit status <<<
+MEGATRON_RESILIENCE_JOB_LEVEL
+megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)
+megatron_resilience_offset=$(stat -c %s /cluster/experiments/gpt/gpt_preview/gpt/sbatch_*_"$SLURM_JOB_ID".out 2>/dev/null | head -n 1)
+printf '{"v":1,"kind":"attempt_start","job_id":"%s","job_name":"%s","slurm_restart":%d,"resubmission":%d,"nodes":"%s","host":"%s","time":%s,"batch_log_offset":%d,"config":"%s"}\n' "$SLURM_JOB_ID" "$SLURM_JOB_NAME" "${SLURM_RESTART_COUNT:-0}" "${MEGATRON_RESILIENCE_RESUBMISSION:-0}" "$megatron_resilience_nodes" "$(hostname)" "$(date +%s.%N)" "${megatron_resilience_offset:-0}" /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json >> /lustre/runs/gpt/job_ledger.jsonl
+megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}
+export TORCHX_MAX_RETRIES=1000000  # nemo_run's own failure limit never decides; see above
+scontrol() {
+    if [ "$1" = requeue ] && [ "$2" = "$SLURM_JOB_ID" ]; then
+        echo "megatron_resilience: nemo_run asks to requeue $SLURM_JOB_ID: left to the job-level decision"
+        return 0
+    fi
+    command scontrol "$@"
+}
+exitcode=""  # set by nemo_run after the job step; empty: the step never ran
+megatron_resilience_fallback() {
+    # nemo_run's own decision with its TORCHX_MAX_RETRIES, for when the classifier cannot run
+    export TORCHX_MAX_RETRIES=$megatron_resilience_nemo_run_retries
+    if ! (is_training_finished || is_job_failures_limit_reached); then
+        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"
+    fi
+    exit "$exitcode"
+}
+megatron_resilience_decide() {
+    local status=$? out rc code
+    { set +exv; } 2>/dev/null
+    trap '' TERM  # our own requeue makes Slurm signal this shell at once: finish recording first
+    [ -n "$exitcode" ] || exit "$status"
+    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit --config /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" 2>&1)
+    rc=$?
+    printf "%s\n" "$out"
+    code=$(printf '%s\n' "$out" | sed -n 's/^megatron_resilience: batch exit code \([0-9]*\)$/\1/p' | tail -n 1)
+    if [ "$rc" = 0 ] && [ -n "$code" ]; then exit "$code"; fi
+    echo "megatron_resilience: the job-level classifier failed (exit $rc);" \
+        "falling back to nemo_run's decision"
+    megatron_resilience_fallback
+}
+trap megatron_resilience_decide EXIT
+# <<< megatron_resilience job-level decision <<<
 
 # This script uses experimental fault tolerance launcher
 # Fault tolerance related items

@@ -33,25 +33,84 @@ head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export LOGLEVEL=INFO
-# >>> megatron_resilience PreemptionPlugin requeue >>>
-# the trainer touches $FAULT_TOL_FINISHED_FLAG_FILE when training finished; when it stops early with a
-# checkpoint (preemption signal) its stop_reason.json says so, and then this job is requeued
+# >>> megatron_resilience job-level decision >>>
+# The job-level decision (megatron_resilience.jobs): why this attempt ended, and whether the job
+# continues; nemo_run's own requeue below is deferred to it (see plugins/batch_decision.py)
 export FAULT_TOL_FINISHED_FLAG_FILE=/cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag
-if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+megatron_resilience_attempt=$(( ${SLURM_RESTART_COUNT:-0} + ${MEGATRON_RESILIENCE_RESUBMISSION:-0} ))
+if [ "$megatron_resilience_attempt" -gt 0 ]; then
     if [ -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ]; then echo "Training is finished"; exit 0; fi
+    if [ -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level_stopped ]; then echo "megatron_resilience: this run was stopped: $(cat /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level_stopped)"; exit 1; fi
 else
-    rm -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag
+    rm -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level_stopped /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag
 fi
 rm -f /lustre/runs/gpt/stop_reason.json
-megatron_resilience_requeue_if_stopped_early() {
-    [ ! -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ] && [ -f /lustre/runs/gpt/stop_reason.json ] || return 0
-    grep -Eq '"exit_code": ?0[,}]' /lustre/runs/gpt/stop_reason.json && grep -Eq '"finished": ?false' /lustre/runs/gpt/stop_reason.json || return 0
-    if [ "${exitcode:-1}" != "0" ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then return 0; fi
-    echo "Trainer stopped before finishing ($(cat /lustre/runs/gpt/stop_reason.json)): requeueing $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID"
+mkdir -p /lustre/runs/gpt
+cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RESILIENCE_JOB_LEVEL'
+{
+ "checkpoint_dir": "/lustre/runs/gpt/ckpt",
+ "cycle_info_dir": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_info",
+ "cycle_log_prefix": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_logs/cycle",
+ "finished_flag": "/cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag",
+ "finished_grace_seconds": 300.0,
+ "ft": false,
+ "inactivity_threshold": null,
+ "job_dir": "/cluster/experiments/gpt/gpt_preview/gpt",
+ "job_name": "gpt",
+ "ledger": "/lustre/runs/gpt/job_ledger.jsonl",
+ "max_log_bytes": 8388608,
+ "metrics": "/lustre/runs/gpt/metrics.jsonl",
+ "monitors": [
+  "megatron_production"
+ ],
+ "no_restart_exit_code": 93,
+ "policy": null,
+ "run_dir": "/lustre/runs/gpt",
+ "sbatch_script": "/cluster/experiments/gpt/gpt_preview/gpt_sbatch.sh",
+ "stop_reason": "/lustre/runs/gpt/stop_reason.json"
 }
-trap megatron_resilience_requeue_if_stopped_early EXIT
-# <<< megatron_resilience PreemptionPlugin requeue <<<
+MEGATRON_RESILIENCE_JOB_LEVEL
+megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)
+megatron_resilience_offset=$(stat -c %s /cluster/experiments/gpt/gpt_preview/gpt/sbatch_*_"$SLURM_JOB_ID".out 2>/dev/null | head -n 1)
+printf '{"v":1,"kind":"attempt_start","job_id":"%s","job_name":"%s","slurm_restart":%d,"resubmission":%d,"nodes":"%s","host":"%s","time":%s,"batch_log_offset":%d,"config":"%s"}\n' "$SLURM_JOB_ID" "$SLURM_JOB_NAME" "${SLURM_RESTART_COUNT:-0}" "${MEGATRON_RESILIENCE_RESUBMISSION:-0}" "$megatron_resilience_nodes" "$(hostname)" "$(date +%s.%N)" "${megatron_resilience_offset:-0}" /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json >> /lustre/runs/gpt/job_ledger.jsonl
+megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}
+export TORCHX_MAX_RETRIES=1000000  # nemo_run's own failure limit never decides; see above
+scontrol() {
+    if [ "$1" = requeue ] && [ "$2" = "$SLURM_JOB_ID" ]; then
+        echo "megatron_resilience: nemo_run asks to requeue $SLURM_JOB_ID: left to the job-level decision"
+        return 0
+    fi
+    command scontrol "$@"
+}
+exitcode=""  # set by nemo_run after the job step; empty: the step never ran
+megatron_resilience_fallback() {
+    # nemo_run's own decision with its TORCHX_MAX_RETRIES, for when the classifier cannot run
+    export TORCHX_MAX_RETRIES=$megatron_resilience_nemo_run_retries
+    if [ "$exitcode" -ne 0 ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then
+        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"
+    fi
+    if [ ! -f /cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag ] && [ -f /lustre/runs/gpt/stop_reason.json ] && grep -Eq '"exit_code": ?0[,}]' /lustre/runs/gpt/stop_reason.json \
+            && grep -Eq '"finished": ?false' /lustre/runs/gpt/stop_reason.json; then
+        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"
+    fi
+    exit "$exitcode"
+}
+megatron_resilience_decide() {
+    local status=$? out rc code
+    { set +exv; } 2>/dev/null
+    trap '' TERM  # our own requeue makes Slurm signal this shell at once: finish recording first
+    [ -n "$exitcode" ] || exit "$status"
+    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit --config /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" 2>&1)
+    rc=$?
+    printf "%s\n" "$out"
+    code=$(printf '%s\n' "$out" | sed -n 's/^megatron_resilience: batch exit code \([0-9]*\)$/\1/p' | tail -n 1)
+    if [ "$rc" = 0 ] && [ -n "$code" ]; then exit "$code"; fi
+    echo "megatron_resilience: the job-level classifier failed (exit $rc);" \
+        "falling back to nemo_run's decision"
+    megatron_resilience_fallback
+}
+trap megatron_resilience_decide EXIT
+# <<< megatron_resilience job-level decision <<<
 
 
 

@@ -1,0 +1,143 @@
+"""The one submit-time check of a pretraining task and its executor. Never imports torch.
+
+Every interface runs it before anything leaves the user's hands, so a mistake gets the same
+message everywhere: ``preview()``, the plugins' ``setup`` (``run.run`` / ``Experiment``, dry run
+or not), the ``nemo megatron_resilience pretrain`` CLI. The trainer's own command line runs
+the same config checks (the dataclasses validate themselves) and the path checks before torch loads.
+
+What it checks:
+
+* the task's config: every section's own validation (types, finite numbers, ranges, choices) and
+  the cross-section checks of ``PretrainConfig``. Tasks: ``run.Partial`` of
+  ``megatron_resilience.entry.pretrain`` and ``run.Script`` running ``python -m megatron_resilience
+  key=value ...`` (module form, or an inline script's trainer line); other tasks are left to the
+  plugins, which name the supported forms;
+* the job's size: TP x PP must divide nodes x ranks per node, and the global batch must fit;
+* the executor: a Slurm account that is not empty and a time limit Slurm accepts (a ``MM:SS`` limit
+  is logged, since ``01:30`` is 90 seconds to Slurm);
+* paths, when this machine sees the job's filesystem (a ``LocalExecutor``, or Slurm through a
+  ``LocalTunnel``): run and checkpoint folders writable, data prefixes present.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from typing import Any
+
+from megatron_resilience.config import ConfigError, PretrainConfig
+from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config.overrides import config_from_overrides
+from megatron_resilience.config.paths import check_paths
+from megatron_resilience.config.slurm_time import slurm_time_seconds, time_note
+from megatron_resilience.upstream import import_nemo_run
+
+log = logging.getLogger("megatron_resilience.plugins")
+
+ENTRY = "megatron_resilience.entry.pretrain"
+MODULE = "megatron_resilience"
+_NOTED = "_megatron_resilience_time_noted"
+_SHELL = ("$", "`")  # values the batch shell expands: unknown at submit time, not checked
+_CONTROL = {"|", "||", "&&", ";", "&", ";;", "(", ")", "|&", ">", ">>", "<"}  # the trainer's arguments end there
+
+
+def trainer_overrides(task: Any) -> list[str] | None:
+    """The ``key=value`` arguments of a ``python -m megatron_resilience`` Script task; None for other tasks."""
+    run = import_nemo_run()
+    if not isinstance(task, run.Script):
+        return None
+    if not task.inline:
+        if task.path == MODULE and task.m:
+            return [str(a) for a in task.args]
+        return None
+    for line in reversed(task.inline.replace("\\\n", " ").split("\n")):
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        for i in range(len(tokens) - 2):
+            if os.path.basename(tokens[i]).startswith("python") and tokens[i + 1:i + 3] == ["-m", MODULE]:
+                args = tokens[i + 3:]
+                ends = [j for j, tok in enumerate(args) if tok in _CONTROL]
+                return args[:ends[0]] if ends else args
+    return None
+
+
+def _partial_config(task: Any) -> PretrainConfig | None:
+    run = import_nemo_run()
+    import fiddle as fdl
+
+    if not isinstance(task, run.Partial):
+        return None
+    fn = task.__fn_or_cls__
+    if f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}" != ENTRY:
+        return None
+    try:
+        kwargs = fdl.build(task).keywords
+    except ConfigError as err:  # drop the "Fiddle context: ..." paragraph Fiddle appends: the key says where
+        raise ConfigError(str(err).split("\n\nFiddle context:")[0]) from None
+    if "run_dir" not in kwargs:
+        raise ConfigError("run_dir: required, e.g. run.Partial(pretrain, run_dir='/path/to/run')")
+    return PretrainConfig(**{name: value for name, value in kwargs.items() if value is not None})
+
+
+def task_config(task: Any) -> tuple[PretrainConfig | None, set[str]]:
+    """(the validated config of ``task`` or None when it is not a megatron_resilience task, keys not checked).
+
+    Keys whose value the batch shell expands (``run_dir=$RUN``) are left out of the check.
+    """
+    overrides = trainer_overrides(task)
+    if overrides is None:
+        return _partial_config(task), set()
+    known = [o for o in overrides if not any(c in o.partition("=")[2] for c in _SHELL)]
+    unchecked = {o.partition("=")[0].strip().removeprefix("--") for o in overrides if o not in known}
+    if "run_dir" in unchecked:
+        known.append("run_dir=/unresolved")  # the batch shell's value; required, but not known here
+    return config_from_overrides(known), unchecked
+
+
+def executor_world_size(executor: Any) -> int:
+    nodes, per_node = executor.nnodes(), executor.nproc_per_node()
+    check_int("executor.nodes", nodes, minimum=1)
+    check_int("executor.ntasks_per_node", per_node, minimum=1)
+    return nodes * per_node
+
+
+def sees_job_filesystem(executor: Any) -> bool:
+    """True when paths on this machine are the job's paths: a LocalExecutor, or Slurm through a LocalTunnel."""
+    run = import_nemo_run()
+    if isinstance(executor, run.LocalExecutor):
+        return True
+    return isinstance(executor, run.SlurmExecutor) and isinstance(executor.tunnel, run.LocalTunnel)
+
+
+def check_executor(executor: Any) -> None:
+    """Slurm settings nemo_run renders as they are: an empty account, a time limit Slurm rejects."""
+    run = import_nemo_run()
+    if not isinstance(executor, run.SlurmExecutor):
+        return
+    if not isinstance(executor.account, str) or not executor.account.strip():
+        fail("executor.account", "must be a Slurm account name", executor.account)
+    slurm_time_seconds(executor.time)
+    note = time_note(executor.time)
+    if note and not executor.__dict__.get(_NOTED):
+        executor.__dict__[_NOTED] = True  # once per job, however many plugins run the check
+        log.warning("%s", note)
+
+
+def check_task(task: Any, executor: Any = None) -> PretrainConfig | None:
+    """Validate ``task`` (and, given one, ``executor``) before submission; ConfigError names the key.
+
+    Returns the task's config, or None for a task that does not run megatron_resilience's trainer.
+    """
+    config, unchecked = task_config(task)
+    if executor is not None:
+        check_executor(executor)
+    if config is None:
+        return None
+    if executor is not None:
+        config.validate_world_size(executor_world_size(executor))
+        if sees_job_filesystem(executor):
+            check_paths(config, skip=unchecked)
+    return config
