@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config._validate import check_int, check_non_negative, check_types, fail
 
 
 @dataclass(kw_only=True)
@@ -15,10 +15,21 @@ class CheckpointConfig:
     keep_last_n: int | None = None  # None -> keep every checkpoint
     async_save: bool = False
     save_on_exit: bool = True  # save when training ends (max_steps, signal, duration, straggler)
+    # Testing aid, like ft.simulate_fault: on the job's first attempt only, every save waits this many seconds
+    # after writing and before it is committed, to rehearse a preemption signal during a save, or a save at the
+    # signal that cannot finish before the launcher kills the ranks. 0 = off.
+    simulated_slow_save: float = 0.0
 
     def __post_init__(self) -> None:
+        check_types(self, "checkpoint")
+        for name in ("save", "load"):
+            if getattr(self, name) == "":
+                fail(f"checkpoint.{name}", "must be a directory path or None", "")
         check_int("checkpoint.save_interval", self.save_interval, minimum=1, allow_none=True)
         check_int("checkpoint.keep_last_n", self.keep_last_n, minimum=1, allow_none=True)
+        check_non_negative("checkpoint.simulated_slow_save", self.simulated_slow_save)
+        if self.simulated_slow_save and self.save is None:
+            fail("checkpoint.save", "must be set when checkpoint.simulated_slow_save is set", None)
         if self.save_interval is not None and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.save_interval is set", None)
         if self.async_save and self.save is None:

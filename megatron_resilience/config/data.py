@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megatron_resilience.config._validate import check_choice, check_int, fail
+from megatron_resilience.config._validate import check_choice, check_int, check_types, fail
 
 TOKENIZERS = ("null", "gpt2")
 
@@ -23,6 +23,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         if isinstance(self.data_path, str):
             self.data_path = [self.data_path]
+        check_types(self, "data")
         check_choice("data.tokenizer", self.tokenizer, TOKENIZERS)
         check_int("data.num_workers", self.num_workers, minimum=0)
         parts = self.split.split(",")

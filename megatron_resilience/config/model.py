@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_choice, check_int, check_non_negative, fail
+from megatron_resilience.config._validate import (
+    check_below_one,
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_types,
+    fail,
+)
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# Core attention: "te" Transformer Engine's layer spec; "sdpa" Megatron-Core's local spec with
+# torch.nn.functional.scaled_dot_product_attention; "unfused" the local spec as upstream ships it
+# (score matrix, masked softmax); "auto" te when Transformer Engine imports on a GPU, else sdpa.
+ATTENTION_BACKENDS = ("auto", "sdpa", "unfused", "te")
 
 
 @dataclass(kw_only=True)
@@ -16,6 +27,7 @@ class ModelConfig:
     num_layers: int = 2
     hidden_size: int = 64
     num_attention_heads: int = 4
+    num_query_groups: int | None = None  # key/value heads (grouped-query attention); None -> num_attention_heads
     ffn_hidden_size: int | None = None  # None -> 4 * hidden_size
     vocab_size: int = 1024
     seq_length: int = 64
@@ -27,10 +39,16 @@ class ModelConfig:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     precision: str = "fp32"
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        check_types(self, "model")
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
             check_int(f"model.{name}", getattr(self, name), minimum=1)
+        check_int("model.num_query_groups", self.num_query_groups, minimum=1, allow_none=True)
+        if self.num_query_groups is not None and self.num_attention_heads % self.num_query_groups:
+            fail("model.num_query_groups", f"must divide model.num_attention_heads={self.num_attention_heads}",
+                 self.num_query_groups)
         check_int("model.ffn_hidden_size", self.ffn_hidden_size, minimum=1, allow_none=True)
         check_int("model.max_position_embeddings", self.max_position_embeddings, minimum=1, allow_none=True)
         if self.hidden_size % self.num_attention_heads:
@@ -45,15 +63,18 @@ class ModelConfig:
         check_choice("model.normalization", self.normalization, NORMALIZATIONS)
         check_choice("model.position_embedding_type", self.position_embedding_type, POSITION_EMBEDDINGS)
         check_choice("model.precision", self.precision, PRECISIONS)
+        check_choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         check_non_negative("model.init_method_std", self.init_method_std)
         for name in ("hidden_dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                fail(f"model.{name}", "must be a number in [0, 1)", value)
+            check_below_one(f"model.{name}", getattr(self, name))
 
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
 
     @property
     def max_positions(self) -> int:

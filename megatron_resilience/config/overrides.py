@@ -8,23 +8,23 @@ unknown key fails with the valid keys listed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config._validate import ConfigError, base_type
+from megatron_resilience.config.aliases import canonical_key, canonical_value
 from megatron_resilience.config.pretrain import PretrainConfig
 
 _TRUE, _FALSE, _NONE = ("true", "yes", "1", "on"), ("false", "no", "0", "off"), ("none", "null")
 
 
 def parse_value(key: str, raw: str, annotation: Any) -> Any:
+    """``raw`` as the field's type; a text that does not parse fails with the message the field's own check gives."""
     text = raw.strip()
-    args = typing.get_args(annotation)
-    origin = typing.get_origin(annotation)
-    if type(None) in args and text.lower() in _NONE:
+    kind, optional = base_type(annotation)
+    if optional and text.lower() in _NONE:
         return None
-    kinds = [a for a in args if a is not type(None)] if args and origin is not list else [annotation]
-    kind = kinds[0]
     if typing.get_origin(kind) is list or kind is list:
         text = text.strip("[]")
         return [part.strip().strip("'\"") for part in text.split(",") if part.strip()]
@@ -60,6 +60,39 @@ def valid_keys() -> list[str]:
     return keys
 
 
+KEY_LISTING = "every key: python -m megatron_resilience --help"
+
+
+def closest_keys(key: str, keys: list[str], n: int = 3) -> list[str]:
+    """The valid keys nearest a mistyped one: close spellings, and the same field name in other sections."""
+    field_name = key.rpartition(".")[2]
+    close = difflib.get_close_matches(key, keys, n=n, cutoff=0.75)
+    same_field = [k for k in keys if k.rpartition(".")[2] == field_name and k not in close]
+    return (close + same_field)[:n]
+
+
+def did_you_mean(candidates: list[str]) -> str:
+    if not candidates:
+        return ""
+    listed = candidates[0] if len(candidates) == 1 else f"{', '.join(candidates[:-1])} or {candidates[-1]}"
+    return f"did you mean {listed}? "
+
+
+def unknown_key_error(key: str) -> ConfigError:
+    """One line: the key, that it is unknown, the closest valid keys, and what exists."""
+    hints = typing.get_type_hints(PretrainConfig)
+    section, _, name = key.partition(".")
+    if section in hints and dataclasses.is_dataclass(hints[section]):
+        in_section = [f"{section}.{f.name}" for f in dataclasses.fields(hints[section])]
+        if not name:
+            return ConfigError(f"{key}: unknown key ({section} is a section: name one of its fields); "
+                               f"valid keys in {section}: {', '.join(in_section)}")
+        hint = did_you_mean(closest_keys(key, valid_keys()))
+        return ConfigError(f"{key}: unknown key; {hint}valid keys in {section}: {', '.join(in_section)}")
+    hint = did_you_mean(closest_keys(key, valid_keys()))
+    return ConfigError(f"{key}: unknown key; {hint}sections: {', '.join(hints)} ({KEY_LISTING})")
+
+
 def parse_override(item: str) -> tuple[str, str | None, Any]:
     """One ``key=value`` string -> ``(section, field or None, typed value)``.
 
@@ -68,18 +101,18 @@ def parse_override(item: str) -> tuple[str, str | None, Any]:
     """
     hints = typing.get_type_hints(PretrainConfig)
     key, sep, raw = item.partition("=")
-    key = key.strip().removeprefix("--")
+    key = canonical_key(key.strip().removeprefix("--"))  # other projects' spellings (config/aliases.py)
+    raw = canonical_value(key, raw)
     if not sep or not key:
         raise ConfigError(f"{item!r}: expected key=value, e.g. train.max_steps=100")
     section, _, name = key.partition(".")
     if section not in hints or bool(name) != dataclasses.is_dataclass(hints[section]):
-        raise ConfigError(f"{key}: unknown key; valid keys: {', '.join(valid_keys())}")
+        raise unknown_key_error(key)
     if not name:
         return section, None, parse_value(key, raw, hints[section])
     field_types = typing.get_type_hints(hints[section])
     if name not in field_types:
-        valid = [f"{section}.{f.name}" for f in dataclasses.fields(hints[section])]
-        raise ConfigError(f"{key}: unknown key; valid keys in {section}: {', '.join(valid)}")
+        raise unknown_key_error(key)
     return section, name, parse_value(key, raw, field_types[name])
 
 

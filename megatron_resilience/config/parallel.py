@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config._validate import check_int, check_types, fail
 
 
 @dataclass(kw_only=True)
@@ -15,6 +15,7 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False
 
     def __post_init__(self) -> None:
+        check_types(self, "parallel")
         check_int("parallel.tensor_model_parallel_size", self.tensor_model_parallel_size, minimum=1)
         check_int("parallel.pipeline_model_parallel_size", self.pipeline_model_parallel_size, minimum=1)
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:

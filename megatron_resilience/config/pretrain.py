@@ -44,6 +44,10 @@ class PretrainConfig:
         if self.model.num_attention_heads % tp:
             fail("parallel.tensor_model_parallel_size",
                  f"must divide model.num_attention_heads={self.model.num_attention_heads}", tp)
+        groups = self.model.query_groups
+        if groups % tp and tp % groups:
+            fail("parallel.tensor_model_parallel_size",
+                 f"must divide model.num_query_groups={groups} or be a multiple of it", tp)
         if self.model.num_layers % pp:
             fail("parallel.pipeline_model_parallel_size", f"must divide model.num_layers={self.model.num_layers}", pp)
         if self.ft.simulated_fault_step is not None and self.ft.simulated_fault_step > self.train.max_steps:

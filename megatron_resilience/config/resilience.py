@@ -9,11 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_resilience.config._validate import (
-    check_choice, check_fraction, check_int, check_non_negative, check_positive, fail,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_non_negative,
+    check_positive,
+    check_types,
+    fail,
 )
 
 FT_MODES = ("sections", "heartbeats")
-SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random")
+SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random", "exception")
+# What a rank with simulated_fault_type=exception dies of (printed and exited like the real thing).
+SIMULATED_EXCEPTIONS = ("cuda_oom", "nccl_timeout", "nccl_error")
 SIMULATED_FAULT_SECTIONS = ("step", "checkpointing")
 RERUN_MODES = ("disabled", "validate_results", "report_stats")
 ERROR_INJECTION_TYPES = ("correct_result", "transient_error", "persistent_error")
@@ -38,8 +46,15 @@ class FaultToleranceConfig:
     # With simulated_fault_step: "step" faults at the start of that step, "checkpointing" inside the first
     # checkpoint save at or after it. Faults fire only on a job's first attempt (see resilience/simulated_fault.py).
     simulated_fault_section: str = "step"
+    # With simulated_fault_type=exception: a CUDA OOM (uncaught torch.OutOfMemoryError, exit 1), an NCCL
+    # watchdog timeout (the watchdog's lines, then SIGABRT) or an NCCL error (uncaught DistBackendError).
+    simulated_fault_exception: str = "cuda_oom"
+    # Fire on every attempt (in-job restarts and requeues too), ft.simulated_fault_step steps after the step
+    # the attempt resumed from: a failure that recurs, to test retry budgets and restart loops.
+    simulated_fault_repeat: bool = False
 
     def __post_init__(self) -> None:
+        check_types(self, "ft")
         check_choice("ft.mode", self.mode, FT_MODES)
         check_positive("ft.min_learned_timeout", self.min_learned_timeout)
         check_choice("ft.simulated_fault_type", self.simulated_fault_type, SIMULATED_FAULT_TYPES)
@@ -49,6 +64,14 @@ class FaultToleranceConfig:
         check_choice("ft.simulated_fault_section", self.simulated_fault_section, SIMULATED_FAULT_SECTIONS)
         if self.simulated_fault_section != "step" and self.simulated_fault_step is None:
             fail("ft.simulated_fault_section", "needs ft.simulated_fault_step to be set", self.simulated_fault_section)
+        check_choice("ft.simulated_fault_exception", self.simulated_fault_exception, SIMULATED_EXCEPTIONS)
+        if not isinstance(self.simulated_fault_repeat, bool):
+            fail("ft.simulated_fault_repeat", "must be true or false", self.simulated_fault_repeat)
+        for needs_step, value in (("simulated_fault_type", self.simulated_fault_type == "exception"),
+                                  ("simulated_fault_repeat", self.simulated_fault_repeat)):
+            if value and self.simulated_fault_step is None:
+                fail(f"ft.{needs_step}", "needs ft.simulated_fault_step to be set (the fault fires at a step)",
+                     getattr(self, needs_step))
 
 
 @dataclass(kw_only=True)
@@ -71,6 +94,7 @@ class StragglerConfig:
     simulated_straggler_delay: float = 0.0
 
     def __post_init__(self) -> None:
+        check_types(self, "straggler")
         check_positive("straggler.report_time_interval", self.report_time_interval)
         check_int("straggler.num_gpu_perf_scores_to_print", self.num_gpu_perf_scores_to_print, minimum=0)
         check_fraction("straggler.gpu_relative_perf_threshold", self.gpu_relative_perf_threshold)
@@ -92,6 +116,7 @@ class RerunConfig:
     result_rejected_tracker_filename: str | None = None
 
     def __post_init__(self) -> None:
+        check_types(self, "rerun")
         check_choice("rerun.rerun_mode", self.rerun_mode, RERUN_MODES)
         check_choice("rerun.error_injection_type", self.error_injection_type, ERROR_INJECTION_TYPES)
         check_int("rerun.error_injection_rate", self.error_injection_rate, minimum=0)

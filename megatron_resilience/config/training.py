@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_resilience.config._validate import (
-    check_int, check_positive, check_signal, fail,
+    check_int,
+    check_positive,
+    check_signal,
+    check_types,
+    fail,
 )
 
 
@@ -26,6 +30,7 @@ class TrainingConfig:
     device: str = "auto"  # "auto" -> cuda when available, else cpu
 
     def __post_init__(self) -> None:
+        check_types(self, "train")
         check_int("train.max_steps", self.max_steps, minimum=1)
         check_int("train.micro_batch_size", self.micro_batch_size, minimum=1)
         check_int("train.global_batch_size", self.global_batch_size, minimum=1, allow_none=True)
