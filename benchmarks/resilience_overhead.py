@@ -1,24 +1,22 @@
-"""What resilience costs: per-step overhead, and time from a fault to the first step after the restart.
+"""What resilience costs per training step: FT sections, straggler detection, rerun validation, all on.
 
-    .venv/bin/python benchmarks/resilience_overhead.py [--blocks 12 --block-steps 10]
+    .venv/bin/python benchmarks/resilience_overhead.py [--device auto|cpu|cuda] [--shape ...] [--nproc N]
+                                                         [--blocks 30 --block-steps 5]
 
-1. Per-step overhead, measured in ONE run (2 CPU ranks of the real trainer under the real ft_launcher):
-   the same model, optimizer and data iterator run blocks of ``--block-steps`` steps in each mode, the
-   modes interleaved block by block (order rotated) so machine load hits them alike:
-   ``off`` (no hooks, rerun disabled, no NaN check) | ``ft`` (FT step sections, 2 IPC round trips) |
-   ``straggler`` (Detector section around the step + its per-step report check) | ``rerun`` (Megatron-Core
-   rerun state machine in validate_results: state save + NaN check + an all-reduce per step) | ``all``
-   (the real ResilienceHooks path: FT + straggler + exit-signal agreement all-reduce, and rerun on).
-   Reported: median step time per mode, ratio to ``off``, added microseconds per step.
-   CPU only: the Detector's CUPTI extension cannot load without CUDA, so the straggler modes use the test
-   stand-in (tests/resilience_support/fake_cupti, process CPU time); on a GPU the CUPTI cost differs.
-2. Fault -> first completed step after the restart: the trainer with a simulated ``rank_killed`` and a
-   ``rank_hung`` (step timeout 5 s, check interval 1 s) at step 8 (last checkpoint at 5), timed from the
-   fault's banner to the first ``train`` record the restarted ranks write; split into detection (the
-   launcher's failure / the monitor's timeout line), restart + setup (up to ``setup: resumed``), and re-running
-   the steps since the checkpoint.
+Measured in ONE run of the real trainer under the real ft_launcher (``--nproc`` ranks: 2 on CPU, 1 on a
+single GPU, where two nccl ranks cannot share the device): the same model, optimizer and data iterator run
+blocks of ``--block-steps`` steps in each mode, the modes interleaved block by block (order rotated) so
+machine load hits them alike:
+``off`` (no hooks, rerun disabled, no NaN check) | ``ft`` (FT step sections, 2 IPC round trips) |
+``straggler`` (Detector section around the step + its per-step report check) | ``rerun`` (Megatron-Core
+rerun state machine in validate_results: state save + NaN check + an all-reduce per step) | ``all``
+(the real ResilienceHooks path: FT + straggler + exit-signal agreement all-reduce, and rerun on).
+Reported: median step time per mode, ratio to ``off``, added microseconds per step, and each hook
+operation around a no-op step. On CPU the Detector's CUPTI extension cannot load (no CUDA), so the straggler
+modes use the test stand-in (tests/resilience_support/fake_cupti, process CPU time); on a GPU the real
+CUPTI extension runs (put libcupti on LD_LIBRARY_PATH).
 
-Prints a markdown table. Numbers are for this machine; timing targets live here, not in tests.
+Prints markdown tables and writes JSON. Fault -> restart timings are benchmarks/recovery.py's.
 """
 
 from __future__ import annotations
@@ -34,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
 
 MODES = ("off", "ft", "straggler", "rerun", "all")
 
@@ -41,7 +42,8 @@ MODES = ("off", "ft", "straggler", "rerun", "all")
 # --- worker: runs inside each rank under ft_launcher -----------------------------------------------------------
 
 
-def worker(run_dir: str, blocks: int, block_steps: int) -> None:
+def worker(run_dir: str, blocks: int, block_steps: int, device: str, shape: str, precision: str,
+           isolated_chunks: int, isolated_steps: int) -> None:
     import torch
     from megatron.core.rerun_state_machine import RerunMode, get_rerun_state_machine
 
@@ -50,7 +52,9 @@ def worker(run_dir: str, blocks: int, block_steps: int) -> None:
     from megatron_resilience.runtime import loop, pretrain
 
     config = config_from_overrides([
-        f"run_dir={run_dir}", "train.max_steps=100000", "ft.enabled=true", "straggler.enabled=true",
+        f"run_dir={run_dir}", *common.SHAPES[shape].overrides(), f"train.device={device}",
+        f"model.precision={precision}", f"train.max_steps={(blocks + 5) * block_steps * len(MODES)}",
+        "ft.enabled=true", "straggler.enabled=true",
         "straggler.report_time_interval=3600", "train.exit_signal_handler=true", "rerun.rerun_mode=validate_results"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     pretrain._setup_logging(rank)
@@ -88,7 +92,7 @@ def worker(run_dir: str, blocks: int, block_steps: int) -> None:
         rerun.set_mode(RerunMode.VALIDATE_RESULTS if on else RerunMode.DISABLED)
         config.rerun.check_for_nan_in_loss = on
 
-    isolated = _isolated_costs(hooks, _dist)
+    isolated = _isolated_costs(hooks, _dist, isolated_chunks, isolated_steps)
     times: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for mode in MODES:  # warm-up
@@ -156,17 +160,31 @@ def _isolated_costs(hooks, dist_utils, chunks: int = 15, per_chunk: int = 40) ->
 # --- driver ----------------------------------------------------------------------------------------------------
 
 
-def measure_overhead(root: Path, blocks: int, block_steps: int) -> dict[str, list[float]]:
-    from resilience_support.launch import FAKE_CUPTI, VENV_BIN, write_ft_yaml
+def ft_launcher() -> list[str]:
+    """The ft_launcher next to this interpreter (a venv), else the one on PATH (a --target install's bin/)."""
+    import shutil
+
+    beside = Path(sys.executable).parent / "ft_launcher"
+    found = str(beside) if beside.exists() else shutil.which("ft_launcher")
+    if not found:
+        sys.exit("ft_launcher not found next to the interpreter nor on PATH")
+    return [found]
+
+
+def measure_overhead(root: Path, args, device: str, shape: str, precision: str) -> dict[str, list[float]]:
     import subprocess
 
+    from resilience_support.launch import FAKE_CUPTI, write_ft_yaml
+
     run_dir = root / "overhead"
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     write_ft_yaml(run_dir / "ft.yaml", {})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAKE_CUPTI), str(REPO)]), OMP_NUM_THREADS="1")
-    cmd = [str(VENV_BIN / "ft_launcher"), "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+    paths = ([str(FAKE_CUPTI)] if device == "cpu" else []) + [str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), OMP_NUM_THREADS="1")
+    cmd = [*ft_launcher(), "--standalone", f"--nproc-per-node={args.nproc}", "--max-restarts=0",
            f"--ft-cfg-path={run_dir / 'ft.yaml'}", str(Path(__file__).resolve()), "worker", str(run_dir),
-           str(blocks), str(block_steps)]
+           str(args.blocks), str(args.block_steps), device, shape, precision, str(args.isolated_chunks),
+           str(args.isolated_steps)]
     with open(run_dir / "launcher.log", "wb") as log:
         rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
@@ -174,78 +192,63 @@ def measure_overhead(root: Path, blocks: int, block_steps: int) -> dict[str, lis
     return json.loads((run_dir / "overhead.json").read_text())
 
 
-def measure_recovery(root: Path, kind: str) -> dict[str, float]:
-    from resilience_support.launch import launch, log_time
-
-    run = launch(root / kind, [
-        "train.max_steps=12", "checkpoint.save_interval=5", "ft.simulate_fault=true",
-        f"ft.simulated_fault_type={kind}", "ft.simulated_fault_rank=1", "ft.simulated_fault_step=8"],
-        max_restarts=1, timeouts={"step": 5.0})
-    rc = run.wait(600)
-    lines = run.log().splitlines()
-    if rc != 0:
-        sys.exit(f"{kind} run failed (rc={rc}); see {run.log_path}")
-    fault_i = next(i for i, line in enumerate(lines) if "SIMULATED FAULT at" in line)
-    fault = log_time(lines[fault_i])
-    detect_marker = "has been open for" if kind == "rank_hung" else "failed (exitcode:"
-    detected = log_time(next(line for line in lines[fault_i:] if detect_marker in line))
-    resumed = log_time(next(line for line in lines[fault_i:] if "setup: resumed at step" in line))
-    records = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    restarts = [i for i, r in enumerate(records) if r.get("kind") == "start"]
-    first_step = next(r for r in records[restarts[-1]:] if r.get("kind") == "train")
-    return {"detect": detected - fault, "restart_setup": resumed - detected,
-            "first_step": first_step["time"] - fault, "resumed_from": records[restarts[-1]]["step"],
-            "first_step_no": first_step["step"]}
-
-
-def _med_iqr(values: list[float], fmt: str) -> str:
-    v = sorted(values)
-    return f"{format(statistics.median(v), fmt)} [{format(v[len(v) // 4], fmt)}, {format(v[(3 * len(v)) // 4], fmt)}]"
+def _fmt(values: list[float], fmt: str) -> str:
+    median, q1, q3 = common.median_iqr(values)
+    return f"{format(median, fmt)} [{format(q1, fmt)}, {format(q3, fmt)}]"
 
 
 def main() -> None:
     if sys.argv[1:2] == ["worker"]:  # a rank under ft_launcher (positional: launcher options would shadow flags)
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:8], int(sys.argv[8]), int(sys.argv[9]))
         return
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_common_args(parser)
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: 2 on cpu, 1 on cuda)")
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--block-steps", type=int, default=5)
-    parser.add_argument("--skip-recovery", action="store_true")
+    parser.add_argument("--isolated-chunks", type=int, default=15, help="no-op step timings: chunks (median over)")
+    parser.add_argument("--isolated-steps", type=int, default=40, help="no-op step timings: steps per chunk")
+    parser.add_argument("--work-dir", type=Path, default=None, help="run folder (default: a new temporary one)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="resilience_bench_"))
-    load_before = os.getloadavg()[0]
-    measured = measure_overhead(root, args.blocks, args.block_steps)
-    print(f"\nmachine: {os.cpu_count()} CPUs, load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after "
-          "the overhead run (other processes compete for the same cores)")
+    device = common.resolve_device(args.device)
+    shape = common.default_shape(device, args.shape)
+    precision = args.precision or ("bf16" if device == "cuda" else "fp32")
+    args.nproc = args.nproc or (1 if device == "cuda" else 2)
+    root = args.work_dir or Path(tempfile.mkdtemp(prefix="resilience_bench_"))
+    info = common.machine(device)
+    measured = measure_overhead(root, args, device, shape, precision)
+    info["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     wall, cpu = measured["wall"], measured["cpu"]
-    print(f"\nPer-step overhead, one run, 2 CPU ranks, tiny GPT; {args.blocks} rounds, each running every mode for "
-          f"{args.block_steps} steps back to back. Per round: ratio and difference to that round's `off` block; "
-          "the table gives the median over rounds [interquartile range]. CPU = process CPU time (max over ranks), "
-          "less sensitive to other load on the machine than wall time.\n")
-    print("| mode | step wall time (ms) | ratio to off (wall) | added wall per step (µs) | added CPU per step (µs) |")
-    print("|---|---|---|---|---|")
+    print(f"\n{common.describe(info)}; load average after the run {info['load_average_after'][0]}")
+    print(f"\nPer-step overhead, one run, {args.nproc} {device} rank(s), shape {shape}, {precision}; "
+          f"{args.blocks} rounds, each running every mode for {args.block_steps} steps back to back. "
+          "Per round: ratio and difference to that round's `off` block; the table gives the median over "
+          "rounds [interquartile range]. CPU = process CPU time (max over ranks), less sensitive to other "
+          "load on the machine than wall time.\n")
+    modes = {}
+    rows = []
     for mode in MODES:
         ratios = [w / o for w, o in zip(wall[mode], wall["off"])]
         added = [(w - o) * 1e6 for w, o in zip(wall[mode], wall["off"])]
         added_cpu = [(c - o) * 1e6 for c, o in zip(cpu[mode], cpu["off"])]
-        print(f"| {mode} | {statistics.median(wall[mode]) * 1e3:.2f} | {_med_iqr(ratios, '.3f')} | "
-              f"{_med_iqr(added, '+.0f')} | {_med_iqr(added_cpu, '+.0f')} |")
+        modes[mode] = {"step_wall_s": wall[mode], "step_cpu_s": cpu[mode],
+                       "median_step_wall_s": common.median_iqr(wall[mode])[0],
+                       "ratio_to_off": common.median_iqr(ratios), "added_wall_us": common.median_iqr(added),
+                       "added_cpu_us": common.median_iqr(added_cpu)}
+        rows.append([mode, f"{modes[mode]['median_step_wall_s'] * 1e3:.2f}", _fmt(ratios, ".3f"), _fmt(added, "+.0f"),
+                     _fmt(added_cpu, "+.0f")])
+    print(common.table(["mode", "step wall time (ms)", "ratio to off (wall)", "added wall per step (µs)",
+                        "added CPU per step (µs)"], rows))
     print("\nThe same hook operations around a no-op step (no model), microseconds per step, median over chunks "
           "(max over ranks); the rerun state machine needs a real step and is only measured above:\n")
-    print("| hook operation | µs per step |")
-    print("|---|---|")
-    for name, value in measured["isolated"].items():
-        print(f"| {name} | {value:.0f} |")
-    if not args.skip_recovery:
-        print("\nFault -> first completed step after the in-job restart (ft_launcher, step timeout 5 s, "
-              "check interval 1 s; checkpoint at step 5, fault at step 8)\n")
-        print("| fault | detection (s) | restart + setup + load (s) | fault -> first step (s) | resumed from |")
-        print("|---|---|---|---|---|")
-        for kind in ("rank_killed", "rank_hung"):
-            r = measure_recovery(root, kind)
-            print(f"| {kind} | {r['detect']:.1f} | {r['restart_setup']:.1f} | {r['first_step']:.1f} | "
-                  f"step {r['resumed_from']} (first step {r['first_step_no']}) |")
-    print(f"\nlogs: {root}")
+    print(common.table(["hook operation", "µs per step"],
+                       [[name, f"{value:.0f}"] for name, value in measured["isolated"].items()]))
+    path = common.write_json("resilience_overhead", device, {
+        "machine": info, "shape_name": shape, "shape": common.SHAPES[shape], "precision": precision,
+        "nproc": args.nproc, "blocks": args.blocks, "block_steps": args.block_steps,
+        "straggler_cupti": "stand-in (no CUDA)" if device == "cpu" else "real",
+        "modes": modes, "isolated_us": measured["isolated"]}, args.json)
+    print(f"\nJSON: {path}\nlogs: {root}")
 
 
 if __name__ == "__main__":

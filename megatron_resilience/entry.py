@@ -9,8 +9,16 @@ compute node.
 from __future__ import annotations
 
 from megatron_resilience.config import (
-    CheckpointConfig, DataConfig, FaultToleranceConfig, ModelConfig, OptimizerConfig, ParallelConfig,
-    PretrainConfig, RerunConfig, StragglerConfig, TrainingConfig,
+    CheckpointConfig,
+    DataConfig,
+    FaultToleranceConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    PretrainConfig,
+    RerunConfig,
+    StragglerConfig,
+    TrainingConfig,
 )
 
 

@@ -4,24 +4,36 @@ The loop (``runtime/loop.py``) calls these on every rank in the same order:
 
     with hooks.setup_section(): ... init, build, load ...
     hooks.after_setup(state)
-    while ...:
+    reason = hooks.stop_requested(state)                  # a signal during setup: stop before step 1
+    while not reason:
         with hooks.step_section(step): hooks.wrap_train_step(train_step)()
         with hooks.checkpoint_section(): save(...)        # periodic saves
         reason = hooks.after_step(state)                  # agreed by all ranks
-        if reason: with hooks.checkpoint_section(): save(...); break
-    hooks.on_exit(state, reason or "finished")
+    hooks.record_stop(state, reason, ...)                 # stop_reason.json before the save at the stop
+    with hooks.checkpoint_section(): save(...)
+    hooks.on_exit(state, reason or "finished", ...)
 
 ``after_step`` does one small all-reduce per step, [exit signal seen, straggler
-stop wanted] (none when neither feature is on); a signal wins over a straggler.
+stop wanted, first signal time] (none when neither feature is on); a signal wins
+over a straggler.
 The wall-time limit (``train.exit_duration_in_mins``) is the loop's own check.
 ``on_exit`` is where completion is marked: rank 0 touches
 ``$FAULT_TOL_FINISHED_FLAG_FILE`` for "finished" (and for rerun exit 17, see
 ``exit_codes``), never for a preemption, so the job is requeued and resumes.
+
+``<run_dir>/stop_reason.json`` (rank 0) says how the process ended: ``reason``,
+``step``, ``exit_code``, ``finished``, and ``checkpoint_step`` (the newest complete
+checkpoint, where the next attempt resumes), ``lost_steps`` (steps of this
+attempt it must redo), ``checkpoint_at_stop`` and ``signal`` (name, time, during
+what). For a graceful stop it is written as soon as the ranks agree, *before*
+the checkpoint at the stop is saved, with ``checkpoint_at_stop: "pending"``: if
+the launcher kills the ranks before that save is durable, the file still says
+"stopped by a signal, resume from checkpoint_step", so the job is requeued and
+the lost steps are on record.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -31,14 +43,15 @@ from megatron_resilience.config.pretrain import PretrainConfig
 from megatron_resilience.resilience import _dist, exit_codes
 from megatron_resilience.resilience.fault_tolerance import FaultTolerance
 from megatron_resilience.resilience.log import get_logger
-from megatron_resilience.resilience.preemption import DataloaderWorkerInit, DistributedSignalHandler
+from megatron_resilience.resilience.preemption import DataloaderWorkerInit, handler_for
 from megatron_resilience.resilience.simulated_fault import SimulatedFault
+from megatron_resilience.resilience.stop_reason import STOP_REASON_FILE, write_stop_reason
 from megatron_resilience.resilience.straggler import StragglerDetection
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.state import TrainState
 
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
-STOP_REASON_FILE = "stop_reason.json"
+__all__ = ["FINISHED_FLAG_ENV", "STOP_REASON_FILE", "ResilienceHooks", "build_hooks"]
 
 
 class ResilienceHooks(TrainingHooks):
@@ -52,7 +65,8 @@ class ResilienceHooks(TrainingHooks):
                                  async_save=ckpt.async_save) if config.ft.enabled else None
         self.fault = SimulatedFault(config.ft, rank=rank, world_size=world_size)
         train = config.train
-        self.signals = DistributedSignalHandler(train.exit_signal, rank=rank) if train.exit_signal_handler else None
+        self.signals = handler_for(train.exit_signal, rank=rank) if train.exit_signal_handler else None
+        self._stop_record: dict | None = None  # the `signal` record of metrics.jsonl, once the ranks agreed
         self.straggler = StragglerDetection(config.straggler, rank=rank, world_size=world_size)
         self.last_step = 0
         self.start_step = 0
@@ -87,10 +101,12 @@ class ResilienceHooks(TrainingHooks):
     @contextmanager
     def step_section(self, step: int) -> Iterator[None]:
         section = self.ft.step() if self.ft is not None else _null()
+        self._phase(f"step {step}")
         with section:
             self.fault.at_step_start(step)
             yield
         self.last_step = step
+        self._phase(f"after step {step}")
 
     def wrap_train_step(self, train_step: Callable[[], Any]) -> Callable[[], Any]:
         return self.straggler.wrap(train_step)
@@ -104,33 +120,76 @@ class ResilienceHooks(TrainingHooks):
     @contextmanager
     def checkpoint_section(self) -> Iterator[None]:
         section = self.ft.checkpointing() if self.ft is not None else _null()
+        self._phase(f"checkpoint save of step {self.last_step}")
         with section:
             self.fault.in_checkpointing(self.last_step)
             yield
+        self._phase(f"after step {self.last_step}")
+
+    def stop_requested(self, state: TrainState) -> str | None:
+        """Before the first step: the exit signal came at the end of setup (agreed by all ranks): stop untrained."""
+        self._phase(f"end of setup (step {state.step})")  # from here on a signal is agreed on, not acted on alone
+        if self.signals is None:
+            return None
+        return self._agree(state, straggler_stop=False, before_training=True)
 
     def after_step(self, state: TrainState) -> str | None:
         self.last_step = state.step
         straggler_stop = self.straggler.after_step(state.step)
-        signal_seen = self.signals is not None and self.signals.received
         if self.signals is None and not self.straggler.active:
             return None  # nothing to agree on: no collective
-        signal_flag, straggler_flag = _dist.all_reduce_max([float(signal_seen), float(straggler_stop)])
+        return self._agree(state, straggler_stop=straggler_stop, before_training=False)
+
+    def _agree(self, state: TrainState, *, straggler_stop: bool, before_training: bool) -> str | None:
+        """One all-reduce: [signal seen, straggler stop, -first signal time] (max over ranks)."""
+        signals = self.signals
+        signal_seen = signals is not None and signals.received
+        first = signals.received_at if signal_seen else None
+        signal_flag, straggler_flag, minus_first = _dist.all_reduce_max(
+            [float(signal_seen), float(straggler_stop), -first if first is not None else -float("inf")])
         reason = (exit_codes.REASON_SIGNAL if signal_flag else
                   exit_codes.REASON_STRAGGLER if straggler_flag else None)
+        if reason == exit_codes.REASON_SIGNAL:
+            if signal_seen:
+                signals.report()  # one line per rank: which signal, when, during what
+            else:
+                self.log.warning(f"stopping with the other ranks: {signals.signal_name} was not delivered to "
+                                 "this rank")
+            self._stop_record = {**signals.describe(), "first_received_time": -minus_first, "step": state.step,
+                                 "before_training": before_training}
         if reason is not None and self.rank == 0:
             why = (f"{self.config.train.exit_signal} received" if reason == exit_codes.REASON_SIGNAL
                    else "straggler detected with straggler.stop_if_detected=true")
-            self.log.warning(f"stopping after step {state.step}: {why}; saving a checkpoint and exiting 0 "
-                             "(training not finished: the job should be requeued and resume)")
+            if before_training:
+                self.log.warning(f"stopping before training (at step {state.step}): {why} during setup; nothing "
+                                 "to save, exiting 0 (training not finished: the job should be requeued and resume)")
+            else:
+                self.log.warning(f"stopping after step {state.step}: {why}; saving a checkpoint and exiting 0 "
+                                 "(training not finished: the job should be requeued and resume)")
         return reason
+
+    def stop_record(self) -> tuple[str, dict] | None:
+        if self._stop_record is None:
+            return None
+        return "signal", dict(self._stop_record)
+
+    def record_stop(self, state: TrainState, reason: str, *, checkpoint_step: int | None,
+                    checkpoint_at_stop: str) -> None:
+        """Rank 0: stop_reason.json for a stop that is under way (rewritten by on_exit)."""
+        if self.rank == 0:
+            reason = exit_codes.normalize_reason(reason)
+            self._write_stop_reason(state, reason, exit_codes.exit_code_for(reason), checkpoint_step=checkpoint_step,
+                                    checkpoint_at_stop=checkpoint_at_stop)
 
     # --- the end --------------------------------------------------------------------------------------------
 
-    def on_exit(self, state: TrainState, reason: str) -> None:
+    def on_exit(self, state: TrainState, reason: str, *, checkpoint_step: int | None = None,
+                checkpoint_at_stop: str | None = None) -> None:
         """Every rank, once. Ends FT monitoring (learning final timeouts), marks completion, restores handlers."""
         if self._closed:
             return
         self._closed = True
+        self._phase("exit")
         reason = exit_codes.normalize_reason(reason)
         code = exit_codes.exit_code_for(reason)
         if self.ft is not None:
@@ -139,9 +198,11 @@ class ResilienceHooks(TrainingHooks):
             self.ft.shutdown(update_timeouts=True)
         self.straggler.shutdown()
         if self.signals is not None:
+            self.signals.report()  # e.g. a signal during the last save, or a second one
             self.signals.restore()
         if self.rank == 0:
-            self._write_stop_reason(state, reason, code)
+            self._write_stop_reason(state, reason, code, checkpoint_step=checkpoint_step,
+                                    checkpoint_at_stop=checkpoint_at_stop)
             if exit_codes.marks_finished(reason):
                 self._touch_finished_flag(reason)
             self.log.info(f"training ended: reason={reason} step={state.step} exit_code={code}")
@@ -167,15 +228,21 @@ class ResilienceHooks(TrainingHooks):
             pass
         self.log.info(f"marked the job as not to be requeued ({reason}): touched {path}")
 
-    def _write_stop_reason(self, state: TrainState, reason: str, code: int) -> None:
-        run_dir = self.config.run_dir
-        os.makedirs(run_dir, exist_ok=True)
-        path = os.path.join(run_dir, STOP_REASON_FILE)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"reason": reason, "step": state.step, "exit_code": code,
-                       "finished": reason == exit_codes.REASON_FINISHED}, f)
-        os.replace(tmp, path)
+    def _phase(self, what: str) -> None:
+        if self.signals is not None:
+            self.signals.phase = what
+
+    def _write_stop_reason(self, state: TrainState, reason: str, code: int, *, checkpoint_step: int | None = None,
+                           checkpoint_at_stop: str | None = None) -> None:
+        record = {"reason": reason, "step": state.step, "exit_code": code,
+                  "finished": reason == exit_codes.REASON_FINISHED,
+                  "checkpoint_step": checkpoint_step, "lost_steps": state.step - (checkpoint_step or 0)}
+        if checkpoint_at_stop is not None:
+            record["checkpoint_at_stop"] = checkpoint_at_stop
+        signals = getattr(self, "signals", None)
+        if signals is not None and signals.received:
+            record["signal"] = signals.describe()
+        write_stop_reason(self.config.run_dir, record)
 
 
 @contextmanager

@@ -2,8 +2,15 @@
 
 ``rank_killed`` SIGKILLs the rank; ``rank_hung`` SIGSTOPs it (the process stays
 alive but silent, which only the FT rank monitor's timeouts can detect and
-end); ``random`` picks one of the two. The faulty rank is
-``ft.simulated_fault_rank`` or, when unset, one drawn by rank 0 and broadcast.
+end); ``random`` picks one of the two. ``exception`` makes the rank die the way
+a real failure kills it, with the same output, so the job-level classifier
+sees what it would see on a cluster (``ft.simulated_fault_exception``):
+``cuda_oom`` raises ``torch.OutOfMemoryError`` with PyTorch's message (uncaught:
+torch.distributed's excepthook prints it with the ``[rankN]:`` prefix, exit 1);
+``nccl_timeout`` prints the ProcessGroupNCCL watchdog's timeout lines and aborts
+(SIGABRT), as the watchdog does; ``nccl_error`` raises ``DistBackendError`` with
+an NCCL error message. The faulty rank is ``ft.simulated_fault_rank`` or, when
+unset, one drawn by rank 0 and broadcast.
 
 When: with ``ft.simulated_fault_step`` at the start of that step (section
 ``step``) or inside the first checkpoint save at or after it (section
@@ -14,7 +21,10 @@ A fault fires only on the job's first attempt: ``TORCHELASTIC_RESTART_COUNT``
 (ft_launcher's in-job restarts) and ``SLURM_RESTART_COUNT`` (requeues) must both
 be 0, and a step fault also needs the run to start before that step. Otherwise
 the restarted job would resume before step k, hit the fault again, and loop until
-its restarts ran out instead of proving that it recovers.
+its restarts ran out instead of proving that it recovers. With
+``ft.simulated_fault_repeat`` it fires on every attempt instead, ``simulated_fault_step``
+steps after the step the attempt resumed from: a failure that recurs (retry
+budgets, restart loops).
 """
 
 from __future__ import annotations
@@ -32,9 +42,10 @@ from megatron_resilience.resilience.log import get_logger
 
 
 def restart_counts() -> tuple[int, int]:
-    """(in-job restarts by ft_launcher/torchrun, Slurm requeues) of this process's job."""
+    """(in-job restarts by ft_launcher/torchrun, Slurm requeues + resubmissions by the job-level watcher)."""
     return (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
-            int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
+            int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+            + int(os.environ.get("MEGATRON_RESILIENCE_RESUBMISSION", "0") or 0))
 
 
 class SimulatedFault:
@@ -46,6 +57,7 @@ class SimulatedFault:
         self.armed = False
         self.kind: str | None = None
         self.target: int | None = None
+        self.fire_step: int | None = cfg.simulated_fault_step
 
     def arm(self, start_step: int) -> None:
         """After setup (collective when the rank is drawn at random): decide whether and where to fire."""
@@ -61,7 +73,10 @@ class SimulatedFault:
             return
         in_job, requeues = restart_counts()
         step = self.cfg.simulated_fault_step
-        if in_job or requeues:
+        if self.cfg.simulated_fault_repeat:
+            step = self.fire_step = start_step + step
+            reason = None
+        elif in_job or requeues:
             reason = f"this is a restart (in-job restarts={in_job}, requeues={requeues})"
         elif step is not None and start_step >= step:
             reason = f"the run resumes after step {start_step}, past ft.simulated_fault_step={step}"
@@ -75,6 +90,8 @@ class SimulatedFault:
             return
         kind = self.cfg.simulated_fault_type
         self.kind = random.choice(["rank_hung", "rank_killed"]) if kind == "random" else kind
+        if self.kind == "exception":
+            self.kind = f"exception:{self.cfg.simulated_fault_exception}"
         self.armed = True
         if step is None:
             delay = self.cfg.simulated_fault_base_delay + random.random()
@@ -86,22 +103,56 @@ class SimulatedFault:
                           f"at step {step}")
 
     def at_step_start(self, step: int) -> None:
-        if self.armed and self.cfg.simulated_fault_section == "step" and step == self.cfg.simulated_fault_step:
-            self.fire(f"at the start of step {step}")
+        if self.armed and self.cfg.simulated_fault_section == "step" and step == self.fire_step:
+            self.fire(f"at the start of step {step}", step=step)
 
     def in_checkpointing(self, last_step: int) -> None:
         if (self.armed and self.cfg.simulated_fault_section == "checkpointing"
-                and self.cfg.simulated_fault_step is not None and last_step >= self.cfg.simulated_fault_step):
-            self.fire(f"inside the checkpoint save after step {last_step}")
+                and self.fire_step is not None and last_step >= self.fire_step):
+            self.fire(f"inside the checkpoint save after step {last_step}", step=last_step)
 
     def _fire_later(self, delay: float) -> None:
         threading.Event().wait(delay)
         self.fire(f"{delay:.2f}s after setup")
 
-    def fire(self, when: str) -> None:
+    def fire(self, when: str, step: int = 0) -> None:
         self.armed = False
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
         banner = f"SIMULATED FAULT at {stamp}: {self.kind} on rank {self.rank} (pid {os.getpid()}) {when}"
         print(f"\n#### {banner} ####\n", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        if self.kind.startswith("exception:"):
+            die_like_the_real_thing(self.kind.split(":", 1)[1], rank=self.rank, step=step)
         os.kill(os.getpid(), signal.SIGSTOP if self.kind == "rank_hung" else signal.SIGKILL)
+
+
+def die_like_the_real_thing(kind: str, *, rank: int, step: int) -> None:
+    """End this rank as a real CUDA OOM / NCCL watchdog timeout / NCCL error ends it (same output, same exit)."""
+    import torch
+
+    if kind == "cuda_oom":
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which "
+            "1.17 GiB is free. Including non-PyTorch memory, this process has 77.93 GiB memory in use. Of the "
+            "allocated memory 74.02 GiB is allocated by PyTorch, and 2.41 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+    if kind == "nccl_error":
+        raise torch.distributed.DistBackendError(
+            "NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+            "remote process exited or there was a network error, NCCL version 2.21.5")
+    # nccl_timeout: ProcessGroupNCCL's watchdog thread logs the timed-out collective, then takes the process down
+    stamp = time.strftime("%m%d %H:%M:%S", time.localtime())
+    work = (f"WorkNCCL(SeqNum={max(1, step) * 4}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+            "ran for 600042 milliseconds before timing out.")
+    prefix = f"[rank{rank}]:[E{stamp}.{time.time_ns() % 10**9:09d} ProcessGroupNCCL.cpp"
+    sys.stderr.write(
+        f"{prefix}:616] [Rank {rank}] Watchdog caught collective operation timeout: {work}\n"
+        f"{prefix}:630] [Rank {rank}] Some NCCL operations have failed or timed out. Due to the asynchronous nature "
+        "of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.\n"
+        f"{prefix}:636] [Rank {rank}] To avoid data inconsistency, we are taking the entire process down.\n"
+        "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+        f"  what():  [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Process group watchdog thread terminated with "
+        f"exception: [Rank {rank}] Watchdog caught collective operation timeout: {work}\n")
+    sys.stderr.flush()
+    os.abort()

@@ -2,11 +2,13 @@
 
 The training loop uses one :class:`CheckpointManager`::
 
-    ckpt = CheckpointManager(config.checkpoint, run_dir=config.run_dir)
+    ckpt = CheckpointManager(config.checkpoint, run_dir=config.run_dir)   # during setup
     ckpt.load_latest(state)                # resume: newest complete checkpoint, or start fresh
     ...
     if ckpt.should_save(state.step):
-        ckpt.save(state)                   # sync, or async with visibility at finalisation
+        ckpt.save(state, reason="interval")    # sync, or async (committed when the write is done)
+    ckpt.maybe_finalize()                  # every step: commit async saves whose write finished (no wait)
+    for record in ckpt.take_durable(): ... # what became durable: step, start/durable times, bytes
     ckpt.finalize()                        # before exit: wait for pending async saves
 
 Why the care: a job can die at any instant (preemption, a killed rank, a wall
@@ -18,25 +20,30 @@ renames it to ``iter_N`` and rewrites the tracker file (see
 with a warning naming them, and falls back to the previous complete one; rank
 0 decides and broadcasts, so all ranks load the same checkpoint.
 
-Async saves (``checkpoint.async_save``) use dist_checkpointing's
-``AsyncCallsQueue`` with a forked (temporal) writer: the forked child starts in
+Nothing slow stands between a save request and a durable checkpoint: the
+save path's imports and dist_checkpointing's write-results queue are set up
+when the manager is created (during setup), and that queue is a pipe owned by
+this process, not the spawned server process upstream starts on the first save
+(see :mod:`megatron_resilience.upstream.dist_checkpointing`): the first save of
+a process costs what every save costs, and a preemption signal forwarded to the
+process group kills nothing the save needs.
+
+Async saves (``checkpoint.async_save``) write in a forked child: it starts in
 milliseconds and inherits this process's state (including the CPU compatibility
-patches), whereas the persistent worker is a *spawned* interpreter that
-re-imports torch on the first save (5-6 s) and calls ``torch.cuda.set_device``,
-which fails on CPU. Tensors are staged to host memory before the fork, so
-training may modify parameters right away. The rename and tracker update run
-as the request's finalisation, on every rank, when the write has finished
-everywhere: at the next save, :meth:`maybe_finalize` or :meth:`finalize`.
+patches and the preemption handler). Tensors are staged to host memory before
+the fork, so training may modify parameters right away. The loop polls every
+step without blocking (:meth:`maybe_finalize`: one small all-reduce while a save
+is in flight); once the write has finished on every rank, the rename and tracker
+update run, so a crash loses at most one save interval.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,44 +60,39 @@ log = logging.getLogger(__name__)
 __all__ = ["CheckpointManager", "atomic_write_text"]
 
 
-class _Prewarm:
-    """dist_checkpointing's first save starts a helper process (~3 s): start it once per process, in the
-    background, when the first saving manager is created, so it overlaps with model and data setup."""
+@dataclass(kw_only=True)
+class _Save:
+    """One save from request to durable (the ``checkpoint`` record of metrics.jsonl)."""
 
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+    step: int
+    reason: str
+    is_async: bool
+    tmp: str
+    start_time: float  # time.time() when the save was requested
+    start_perf: float
+    first_in_process: bool
+    blocking_s: float | None = None  # how long save() held up training
 
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ckpt-writer-prewarm", daemon=True)
-                self._thread.start()
-                # A process that fails during setup exits while the thread may still be starting the Manager:
-                # multiprocessing's exit handler would then wait forever for a Manager whose shutdown was not
-                # registered yet. Registered after multiprocessing's, this handler runs before it.
-                atexit.register(self._join_at_exit)
-
-    def _join_at_exit(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=120)
-
-    @staticmethod
-    def _run() -> None:
-        try:
-            upstream.prewarm_checkpoint_writer()
-        except Exception:  # noqa: BLE001 - e.g. the process exits during setup; the first save retries
-            log.debug("checkpoint: writer prewarm failed", exc_info=True)
-
-    def join(self) -> float:
-        """Wait until the writer is ready; returns the seconds waited."""
-        start = time.perf_counter()
-        if self._thread is not None:
-            self._thread.join()
-        return time.perf_counter() - start
+    def record(self, *, path: str, nbytes: int | None) -> dict[str, Any]:
+        durable = time.time()
+        return {"step": self.step, "reason": self.reason, "async": self.is_async, "start_time": self.start_time,
+                "blocking_s": self.blocking_s, "durable_time": durable, "lag_s": durable - self.start_time,
+                "bytes": nbytes, "first_in_process": self.first_in_process, "path": path}
 
 
-_PREWARM = _Prewarm()
+_SAVED_IN_PROCESS: list[int] = []  # steps this process has saved (any manager): is a save the process's first?
+
+
+class _DelayedWrite:
+    """An async write that waits before it reports done (``checkpoint.simulated_slow_save``; runs in the fork)."""
+
+    def __init__(self, write, seconds: float) -> None:
+        self.write, self.seconds = write, seconds
+
+    def __call__(self, *args, **kwargs):
+        result = self.write(*args, **kwargs)
+        time.sleep(self.seconds)
+        return result
 
 
 def _rank() -> int:
@@ -121,11 +123,12 @@ class CheckpointManager:
         self.run_dir = run_dir
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
-        self._pending: list[tuple[int, str, float]] = []  # (step, tmp path, start time) of unfinalised saves
+        self._pending: list[_Save] = []  # async saves scheduled and not yet committed, oldest first
+        self._durable: list[dict[str, Any]] = []  # records of committed saves not yet taken by the loop
         self.last_save_seconds: float | None = None  # blocking time of the last save() call
         self.last_load_seconds: float | None = None
         if config.save is not None:
-            _PREWARM.start()
+            upstream.install_write_results_queue()  # imports and queue now, not inside the first save
 
     # --- public API -------------------------------------------------------------------------------------------
 
@@ -176,47 +179,63 @@ class CheckpointManager:
             "so training does not start from scratch silently. Remove or fix them, or set checkpoint.load."
         )
 
-    def save(self, state: TrainState) -> None:
+    @property
+    def pending_steps(self) -> list[int]:
+        """Steps of async saves scheduled but not yet committed (the same on every rank)."""
+        return [save.step for save in self._pending]
+
+    def save(self, state: TrainState, *, reason: str = "interval") -> None:
         """Write a checkpoint of ``state``; visible (renamed + tracker) when complete on every rank."""
         if self.config.save is None:
             return
-        start = time.perf_counter()
-        waited = _PREWARM.join()  # the writer's queue is shared by the process: the prewarm must not race a save
-        if waited > 0.5 and _rank() == 0:
-            log.info("checkpoint: waited %.1f s for dist_checkpointing's writer process to start", waited)
         self.maybe_finalize(blocking=True)  # one save in flight at a time: its tmp dir and ours never race
         from megatron.core import dist_checkpointing
 
         root, step = self.config.save, state.step
-        tmp = os.path.join(root, layout.iter_dir_name(step) + layout.TMP_SUFFIX)
+        save = _Save(step=step, reason=reason, is_async=self.config.async_save, start_time=time.time(),
+                     start_perf=time.perf_counter(), first_in_process=not _SAVED_IN_PROCESS,
+                     tmp=os.path.join(root, layout.iter_dir_name(step) + layout.TMP_SUFFIX))
+        _SAVED_IN_PROCESS.append(step)
         if _rank() == 0:
             os.makedirs(root, exist_ok=True)
-            if os.path.exists(tmp):
+            if os.path.exists(save.tmp):
                 layout.remove_stale_tmp(root)
-            os.makedirs(tmp)
+            os.makedirs(save.tmp)
         torch.distributed.barrier()
         sharded = checkpoint_state.build_sharded_state_dict(state, is_loading=False)
         request = dist_checkpointing.save(
-            sharded, tmp, sharded_strategy=self._save_strategy(),
-            async_sharded_save=self.config.async_save, content_metadata=checkpoint_state.content_metadata(),
+            sharded, save.tmp, sharded_strategy=self._save_strategy(), async_sharded_save=save.is_async,
+            content_metadata=checkpoint_state.content_metadata(), **upstream.checkpoint_save_kwargs(),
         )
+        delay = self._simulated_delay(step)
         if request is None:
-            self._commit(step, tmp, start)
+            time.sleep(delay)
+            self._commit(save)
         else:
-            request.add_finalize_fn(lambda: self._commit(step, tmp, start))
+            if delay:
+                request = request._replace(async_fn=_DelayedWrite(request.async_fn, delay))
+            request.add_finalize_fn(lambda: self._commit(save))
             self._queue().schedule_async_request(request)
-            self._pending.append((step, tmp, start))
-        self.last_save_seconds = time.perf_counter() - start
-        if _rank() == 0 and request is not None:  # a sync save already logged "committed ..."
-            log.info("checkpoint: scheduled async save of step %d in %.3f s", step, self.last_save_seconds)
+            self._pending.append(save)
+            save.blocking_s = self.last_save_seconds = time.perf_counter() - save.start_perf
+            if _rank() == 0:  # a sync save already logged "committed ..."
+                log.info("checkpoint: scheduled async save of step %d in %.3f s", step, save.blocking_s)
+        self.last_save_seconds = save.blocking_s
 
     def maybe_finalize(self, *, blocking: bool = False) -> list[int]:
-        """Commit async saves whose writes finished on all ranks; returns their steps. Collective."""
+        """Commit async saves whose writes finished on all ranks; returns their steps. Collective.
+
+        Without ``blocking`` it never waits: one small all-reduce while a save is in flight, nothing otherwise.
+        """
         if self._async_queue is None or not self._pending:
             return []
         done = self._async_queue.maybe_finalize_async_calls(blocking=blocking)
-        steps = [self._pending.pop(0)[0] for _ in done]
-        return steps
+        return [self._pending.pop(0).step for _ in done]
+
+    def take_durable(self) -> list[dict[str, Any]]:
+        """Records of the saves committed since the last call (``bytes`` is counted on rank 0 only)."""
+        records, self._durable = self._durable, []
+        return records
 
     def finalize(self) -> None:
         """Wait for pending async saves and commit them (call before the process exits)."""
@@ -239,25 +258,41 @@ class CheckpointManager:
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
         return strategy
 
+    def _simulated_delay(self, step: int) -> float:
+        """``checkpoint.simulated_slow_save`` seconds on the job's first attempt (ft_launcher and Slurm), else 0."""
+        delay = self.config.simulated_slow_save
+        first_attempt = all(os.environ.get(name, "0") == "0"
+                            for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+        if not delay or not first_attempt:
+            return 0.0
+        if _rank() == 0:
+            log.warning("checkpoint: checkpoint.simulated_slow_save: the save of step %d waits %.1f s before it is "
+                        "committed (first attempt only)", step, delay)
+        return delay
+
     def _queue(self):
         if self._async_queue is None:
-            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
-            self._async_queue = AsyncCallsQueue(persistent=False)  # forked writer; see module docstring
+            self._async_queue = upstream.checkpoint_async_calls_queue()
         return self._async_queue
 
-    def _commit(self, step: int, tmp: str, start: float) -> None:
-        """Every rank has written its part of ``tmp``: rank 0 publishes it, then everyone continues."""
+    def _commit(self, save: _Save) -> None:
+        """Every rank has written its part of ``save.tmp``: rank 0 publishes it, then everyone continues."""
         torch.distributed.barrier()
-        root = self.config.save
+        root, step = self.config.save, save.step
+        final, nbytes = os.path.join(root, layout.iter_dir_name(step)), None
         if _rank() == 0:
-            final = layout.commit(root, tmp, step)
+            final = layout.commit(root, save.tmp, step)
+            nbytes = layout.directory_bytes(final)
             layout.remove_stale_tmp(root)
             if self.config.keep_last_n is not None:
                 layout.apply_retention(root, self.config.keep_last_n, just_saved=step)
-            log.info("checkpoint: committed %s (%.3f s after the save started)", final, time.perf_counter() - start)
+            log.info("checkpoint: committed %s (%.3f s after the save started)", final,
+                     time.perf_counter() - save.start_perf)
         torch.distributed.barrier()
         self._latest_step = step
+        if not save.is_async:
+            save.blocking_s = time.perf_counter() - save.start_perf
+        self._durable.append(save.record(path=final, nbytes=nbytes))
 
     def _try_load(self, state: TrainState, path: str) -> tuple[str | None, dict | None]:
         """Load ``path`` into ``state``: (error text or None, the saved rerun state machine state or None).

@@ -68,6 +68,18 @@ def atomic_write_text(path: str, text: str) -> None:
     fsync_dir(directory)
 
 
+def directory_bytes(path: str) -> int:
+    """Total size of the files under ``path`` (what a checkpoint costs on disk)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(folder, name))
+            except OSError:  # removed meanwhile (retention by another process): not part of it any more
+                pass
+    return total
+
+
 def read_tracker(root: str) -> int | None:
     """The step named by the tracker file, or None when it is missing or not a number."""
     try:
@@ -105,6 +117,7 @@ def why_incomplete(path: str, step: int) -> str | None:
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import maybe_load_config
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     try:
         config = maybe_load_config(path)
@@ -114,10 +127,10 @@ def why_incomplete(path: str, step: int) -> str | None:
         return "no metadata.json (the save did not finish)"
     if config.sharded_backend == "torch_dist" and not os.path.exists(os.path.join(path, ".metadata")):
         return "no .metadata index (the save did not finish)"
-    try:
+    try:  # megatron-core >= 0.17 reads it from the torch_dist shards: a damaged one raises CheckpointException
         common = dist_checkpointing.load_common_state_dict(path)
-    except Exception as err:  # noqa: BLE001
-        return f"unreadable common state ({type(err).__name__}: {err})"
+    except (Exception, CheckpointException) as err:  # noqa: BLE001
+        return f"unreadable common state ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     saved_step = common.get("step") if isinstance(common, dict) else None
     if saved_step != step:
         return f"holds step {saved_step!r}, expected {step}"

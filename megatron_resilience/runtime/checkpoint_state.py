@@ -169,8 +169,18 @@ def _rerun_machine():
 
 
 def rerun_state_to_save() -> dict[str, Any] | None:
+    """The rerun state machine's state while a step is being diagnosed, else None.
+
+    megatron-core up to 0.16 returns None between steps itself; from 0.17 it saves an all-default sentinel in
+    every checkpoint (a constant checkpoint structure for Megatron-LM's cached save plans, which we do not use).
+    Interval and signal checkpoints carry no rerun state here on every version.
+    """
+    from megatron.core.rerun_state_machine import RerunState
+
     machine = _rerun_machine()
-    return None if machine is None else machine.state_dict(data_iterator=None, ckpt_format="torch_dist")
+    if machine is None or machine.state == RerunState.NOT_RUNNING_YET:
+        return None
+    return machine.state_dict(data_iterator=None, ckpt_format="torch_dist")
 
 
 def _rerun_template(common: dict[str, Any]) -> dict[str, Any] | None:

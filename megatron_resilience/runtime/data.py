@@ -1,8 +1,9 @@
 """GPT training data and a batch order that resumes exactly from ``consumed_samples``.
 
-Datasets come from Megatron-Core's ``BlendedMegatronDatasetBuilder``:
-``MockGPTDataset`` when ``data.data_path`` is empty, ``GPTDataset`` over
-indexed ``.bin/.idx`` files otherwise. Megatron-Core has no sampler, so
+Datasets come from Megatron-Core: ``GPTDataset`` over indexed ``.bin/.idx``
+files through ``BlendedMegatronDatasetBuilder``, or, when ``data.data_path`` is
+empty, ``MockGPTDataset`` blocks indexed for the samples the run reads
+(:mod:`~megatron_resilience.runtime.mock_data`). Megatron-Core has no sampler, so
 :class:`GlobalBatchSampler` fixes the order: global sample ``i`` is always the
 same dataset index, a step consumes ``global_batch_size`` consecutive samples,
 and each data-parallel rank takes its ``micro_batch_size`` slice of every
@@ -63,17 +64,22 @@ class Datasets:
     valid: Any | None
 
 
-def build_datasets(config: PretrainConfig, *, global_batch_size: int) -> Datasets:
-    """Train (and validation when evaluating) datasets sized for the whole run. Call on every rank."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+def needed_samples(config: PretrainConfig, *, global_batch_size: int) -> tuple[int, int]:
+    """(train, validation) samples the run reads: ``max_steps`` global batches, ``eval_iters`` per evaluation.
+
+    Every evaluation reads the same batches from validation sample 0, so one evaluation's worth suffices.
+    """
+    t = config.train
+    return t.max_steps * global_batch_size, (t.eval_iters * global_batch_size if t.eval_interval else 0)
+
+
+def _dataset_config(config: PretrainConfig, *, random_seed: int):
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 
-    t, d = config.train, config.data
-    train_samples = t.max_steps * global_batch_size
-    valid_samples = t.eval_iters * global_batch_size if t.eval_interval else 0
-    ds_config = GPTDatasetConfig(
-        random_seed=t.seed,
+    d = config.data
+    return GPTDatasetConfig(
+        random_seed=random_seed,
         sequence_length=config.model.seq_length,
         blend=None if d.is_mock else get_blend_from_list(d.data_path),
         split=d.split,
@@ -82,19 +88,46 @@ def build_datasets(config: PretrainConfig, *, global_batch_size: int) -> Dataset
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
-        create_attention_mask=True,
+        # Plain causal masks: every attention backend builds the mask itself (sdpa/TE: the causal kernel;
+        # unfused: Megatron's cached default mask, the same values), so batches carry no [b, 1, s, s] tensor.
+        create_attention_mask=False,
     )
-    cls = MockGPTDataset if d.is_mock else GPTDataset
-    # Built on every rank (tiny index files; no cross-rank caching protocol needed).
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        cls, [train_samples, valid_samples or None, None], lambda: True, ds_config).build()
+
+
+def build_datasets(config: PretrainConfig, *, global_batch_size: int) -> Datasets:
+    """Train (and validation when evaluating) datasets sized for the whole run. Call on every rank.
+
+    Indexed data: Megatron-Core's ``GPTDataset`` through ``BlendedMegatronDatasetBuilder`` with the
+    run's sample counts (its index covers whole epochs of the corpus; cached in ``data.cache_dir``).
+    Mock data: :class:`~megatron_resilience.runtime.mock_data.RunSizedMockData` (see there).
+    """
+    d = config.data
+    train_samples, valid_samples = needed_samples(config, global_batch_size=global_batch_size)
+    if d.is_mock:
+        from megatron_resilience.runtime.mock_data import RunSizedMockData
+
+        ds_config = _dataset_config(config, random_seed=config.train.seed)
+        train = RunSizedMockData(ds_config, num_samples=train_samples, stream=0)
+        valid = RunSizedMockData(ds_config, num_samples=valid_samples, stream=1) if valid_samples else None
+        name = "MockGPTDataset"
+    else:
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+
+        ds_config = _dataset_config(config, random_seed=config.train.seed)
+        # Built on every rank (tiny index files; no cross-rank caching protocol needed).
+        train, valid, _ = BlendedMegatronDatasetBuilder(
+            GPTDataset, [train_samples, valid_samples or None, None], lambda: True, ds_config).build()
+        name = "GPTDataset"
     if train is None or len(train) == 0:
         raise ConfigError(f"data.split: gives no training samples for data.data_path={d.data_path}")
     if valid_samples and (valid is None or len(valid) == 0):
-        raise ConfigError(f"data.split: gives no validation samples but train.eval_interval={t.eval_interval}")
+        raise ConfigError("data.split: gives no validation samples but "
+                          f"train.eval_interval={config.train.eval_interval}")
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        log.info("data: %s (%s tokenizer), %d train samples%s", cls.__name__, d.tokenizer, len(train),
-                 f", {len(valid)} validation samples" if valid_samples else "")
+        log.info("data: %s (%s tokenizer), %d train samples%s (the run reads %d%s)", name, d.tokenizer, len(train),
+                 f", {len(valid)} validation samples" if valid_samples else "", train_samples,
+                 f" + {valid_samples}" if valid_samples else "")
     return Datasets(train=train, valid=valid if valid_samples else None)
 
 

@@ -1,9 +1,8 @@
 """torch.distributed and Megatron-Core parallel state from the launcher's environment.
 
-torchrun and ft_launcher export the same variables (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a plain ``python -m megatron_resilience``
-has none of them and runs as a world of one. The backend follows the device:
-gloo on CPU (with :mod:`cpu_compat` installed), nccl on GPU.
+Who a rank is comes from :mod:`launch_env` (torchrun/ft_launcher variables, Slurm's under a bare
+``srun``, or a world of one). The backend follows the device: gloo on CPU (with :mod:`cpu_compat`
+installed), nccl on GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import torch
 
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.runtime.launch_env import adopted_from_slurm, launch_env
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,8 @@ def _free_port() -> int:
 
 def init_distributed(config: PretrainConfig) -> DistInfo:
     """Initialise the process group and Megatron-Core's TP/PP/DP groups; fail clearly on a bad world size."""
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    launch = launch_env()
+    rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
     dp = config.validate_world_size(world_size)  # raises ConfigError naming the keys that do not fit
     device = resolve_device(config.train.device)
     if device.type == "cpu":
@@ -87,6 +86,11 @@ def init_distributed(config: PretrainConfig) -> DistInfo:
     if rank == 0:
         log.info("distributed: world_size=%d tp=%d pp=%d dp=%d device=%s backend=%s",
                  world_size, tp, pp, dp, device, torch.distributed.get_backend())
+        slurm = adopted_from_slurm()
+        if slurm is not None:
+            log.info("distributed: started by srun without a launcher: rank = SLURM_PROCID, world size = "
+                     "SLURM_STEP_NUM_TASKS = %d, local rank = SLURM_LOCALID; rendezvous %s:%d", slurm.world_size,
+                     slurm.master_addr, slurm.master_port)
     return info
 
 

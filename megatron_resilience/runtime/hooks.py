@@ -21,6 +21,10 @@ class TrainingHooks:
     def after_setup(self, state: TrainState) -> None:
         """Setup is done and ``state.step`` is the step training resumes from."""
 
+    def stop_requested(self, state: TrainState) -> str | None:
+        """Before the first step, on every rank: a stop reason agreed already (a signal during setup), or None."""
+        return None
+
     def step_section(self, step: int) -> AbstractContextManager:
         """Around one training iteration (``step`` = the 1-based step being run)."""
         return nullcontext()
@@ -47,9 +51,20 @@ class TrainingHooks:
         """
         return None
 
-    def on_exit(self, state: TrainState, reason: str) -> None:
+    def stop_record(self) -> tuple[str, dict] | None:
+        """After a stop was agreed: a metrics.jsonl record about it (kind, fields), e.g. the signal; or None."""
+        return None
+
+    def record_stop(self, state: TrainState, reason: str, *, checkpoint_step: int | None,
+                    checkpoint_at_stop: str) -> None:
+        """A graceful stop is under way: say so durably before the checkpoint at the stop is saved."""
+
+    def on_exit(self, state: TrainState, reason: str, *, checkpoint_step: int | None = None,
+                checkpoint_at_stop: str | None = None) -> None:
         """Training is over for this process: reason is "finished" (max_steps) or the stop reason.
 
         Also "duration" (``train.exit_duration_in_mins``) and "rerun:16" / "rerun:17" when Megatron-Core's
-        rerun state machine ends the run (the process then exits with that code).
+        rerun state machine ends the run (the process then exits with that code). ``checkpoint_step`` is the
+        newest complete checkpoint (where a next attempt resumes); ``checkpoint_at_stop`` says whether the
+        checkpoint at a graceful stop was "saved", "already saved" or "failed".
         """

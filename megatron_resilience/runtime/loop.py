@@ -27,6 +27,7 @@ from megatron_resilience.config import PretrainConfig
 from megatron_resilience.runtime.distributed import DistInfo
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.metrics import MetricsLogger
+from megatron_resilience.runtime.optimizer import loss_scale
 from megatron_resilience.runtime.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class TrainContext:
     dist: DistInfo
     state: TrainState
     hooks: TrainingHooks
-    checkpoints: Any  # runtime.checkpoint.CheckpointManager (or the no-op stand-in)
+    checkpoints: Any  # runtime.checkpoint.CheckpointManager
     metrics: MetricsLogger
     datasets: Any
     train_iterator: Any
@@ -92,7 +93,8 @@ def loss_func(config: PretrainConfig, loss_mask: torch.Tensor, output_tensor: to
 def forward_step(config: PretrainConfig, data_iterator, model):
     """One micro-batch through this pipeline stage (Megatron-Core's ``forward_step_func`` contract)."""
     batch = next(data_iterator)
-    output = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+    # No attention mask in the batch: causal masks are built by the attention backend (runtime/data.py).
+    output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
     return output, partial(loss_func, config, batch["loss_mask"])
 
 
@@ -214,18 +216,63 @@ def save_checkpoint(ctx: TrainContext, why: str) -> None:
         return
     with ctx.hooks.checkpoint_section():
         start = time.monotonic()
-        ctx.checkpoints.save(ctx.state)
+        ctx.checkpoints.save(ctx.state, reason=why)
     seconds = time.monotonic() - start
-    ctx.metrics.event("checkpoint", step=ctx.state.step, reason=why, seconds=seconds)
+    record_durable_checkpoints(ctx)
     if ctx.dist.rank == 0:
         log.info("checkpoint: saved step %d (%s) in %.2f s", ctx.state.step, why, seconds)
+
+
+def record_durable_checkpoints(ctx: TrainContext) -> None:
+    """A ``checkpoint`` record in metrics.jsonl for each save that became durable (committed) since last time."""
+    for record in ctx.checkpoints.take_durable():
+        ctx.metrics.event("checkpoint", **record)
+
+
+def poll_async_checkpoints(ctx: TrainContext) -> None:
+    """Every step: commit async saves whose write finished on all ranks, without waiting for one that has not."""
+    if ctx.checkpoints.pending_steps:
+        ctx.checkpoints.maybe_finalize(blocking=False)
+        record_durable_checkpoints(ctx)
+
+
+def save_at_stop(ctx: TrainContext, reason: str, *, last_saved: int) -> str:
+    """The checkpoint of a graceful stop (signal, duration, straggler): "saved", "already saved", "failed" or
+    "not saved" (``checkpoint.save_on_exit=false``).
+
+    stop_reason.json says "stopped, resume from the newest complete checkpoint" before anything is written,
+    and again once pending async saves are committed, so a kill during the save still requeues the job with
+    the lost steps on record. A save that fails is logged and reported; the process still exits as stopped.
+    """
+    hooks, ckpt, state = ctx.hooks, ctx.checkpoints, ctx.state
+    hooks.record_stop(state, reason, checkpoint_step=ckpt.latest_step, checkpoint_at_stop="pending")
+    try:
+        if ckpt.pending_steps:
+            with hooks.checkpoint_section():
+                ckpt.maybe_finalize(blocking=True)
+            record_durable_checkpoints(ctx)
+            hooks.record_stop(state, reason, checkpoint_step=ckpt.latest_step, checkpoint_at_stop="pending")
+        if state.step == last_saved:
+            return "already saved"
+        if not ctx.config.checkpoint.save_on_exit:
+            return "not saved"
+        save_checkpoint(ctx, reason)
+        with hooks.checkpoint_section():
+            ckpt.finalize()
+        record_durable_checkpoints(ctx)
+    except Exception:  # noqa: BLE001 - the stop stands; the next attempt resumes from the previous checkpoint
+        log.exception("checkpoint at the stop (step %d) failed; the next attempt resumes from step %s",
+                      state.step, ckpt.latest_step)
+        return "failed"
+    return "saved" if ckpt.latest_step == state.step else "failed"
 
 
 # --- the loop -------------------------------------------------------------------------------------------------
 
 
-def train(ctx: TrainContext) -> tuple[str, int | None]:
-    """Run until ``max_steps``, a stop reason, or a rerun exit. Returns (reason, exit code or None).
+def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
+    """Run until ``max_steps``, a stop reason, or a rerun exit. Returns (reason, exit code or None,
+    what became of the checkpoint at a graceful stop or None).
 
     The reason is "finished", the hooks' stop reason ("signal", "straggler", ...), "duration", or
     "rerun:<code>" when the rerun state machine ends the run.
@@ -238,7 +285,10 @@ def train(ctx: TrainContext) -> tuple[str, int | None]:
     window_losses: list[torch.Tensor | None] = []
     window_time = 0.0
     reason, exit_code = FINISHED, None
-    while state.step < t.max_steps:
+    stop = hooks.stop_requested(state)  # a signal during setup: stop before the first step
+    if stop:
+        reason = stop
+    while not stop and state.step < t.max_steps:
         step = state.step + 1
         with hooks.step_section(step):
             start = time.perf_counter()
@@ -263,26 +313,36 @@ def train(ctx: TrainContext) -> tuple[str, int | None]:
                 step=step, loss=loss, lr=float(state.optimizer.param_groups[0]["lr"]), grad_norm=result.grad_norm,
                 step_time_s=step_time, tokens_per_s=tokens_per_step / step_time if step_time > 0 else math.inf,
                 consumed_samples=state.consumed_samples,
-                **({} if result.update_successful else {"skipped": True}))
+                **({} if result.update_successful else {"skipped": True}),
+                **({} if (scale := loss_scale(state.optimizer)) is None else {"loss_scale": scale}))
             window_losses, window_time = [], 0.0
         if t.eval_interval and step % t.eval_interval == 0:
             with hooks.eval_section():
                 ctx.metrics.eval(step=step, eval_loss=evaluate(ctx))
+        poll_async_checkpoints(ctx)
+        if ctx.checkpoints.should_save(step) and step != t.max_steps:
+            save_checkpoint(ctx, "interval")
+            last_saved = step
+        # After the periodic save: a signal that arrived during it stops the run right away ("already saved").
         stop = hooks.after_step(state)
         if stop is None and duration_exceeded(ctx):
             stop = DURATION
-        if ctx.checkpoints.should_save(step) and not (stop or step == t.max_steps):
-            save_checkpoint(ctx, "interval")
-            last_saved = step
         if stop:
             reason = stop
             if ctx.dist.rank == 0:
                 log.warning("stopping at step %d: %s", step, stop)
-            break
+    at_stop = None
+    if stop:
+        if (record := hooks.stop_record()) is not None:
+            ctx.metrics.event(record[0], **record[1])
+        if config.checkpoint.save is not None:
+            at_stop = save_at_stop(ctx, reason, last_saved=last_saved)
+        return reason, exit_code, at_stop
     if exit_code is None and state.step != last_saved and (
             config.checkpoint.save_on_exit or ctx.checkpoints.should_save(state.step)):
         save_checkpoint(ctx, reason)
     if config.checkpoint.save is not None:
         with hooks.checkpoint_section():
             ctx.checkpoints.finalize()
-    return reason, exit_code
+        record_durable_checkpoints(ctx)
+    return reason, exit_code, at_stop

@@ -5,8 +5,16 @@ Every JSON line has a ``kind``:
 - ``"train"``: ``step, loss, lr, grad_norm, step_time_s, tokens_per_s, consumed_samples, time``;
 - ``"eval"``: ``step, eval_loss, time``;
 - ``"start"``: ``step`` (the step training resumes from), ``consumed_samples``, ``resumed``,
-  ``world_size``, ``tp``, ``pp``, ``dp``: one per (re)start;
-- ``"checkpoint"``: ``step``, ``reason`` ("interval", "finished", a stop reason, ...), ``seconds``;
+  ``resumed_from`` (checkpoint step or null), ``attempt`` (``slurm_restart``, ``in_job_restart``,
+  ``job_id``), ``last_logged_step`` (the highest step logged before this start, or null), ``versions``
+  (torch, megatron-core, nvidia-resiliency-ext, nemo-run), ``world_size``, ``tp``, ``pp``, ``dp``: one
+  per (re)start;
+- ``"checkpoint"``: one per save, written when it became durable (committed): ``step``, ``reason``
+  ("interval", "finished", a stop reason, ...), ``async``, ``start_time`` (requested), ``blocking_s``
+  (training held up), ``durable_time``, ``lag_s`` (request to durable), ``bytes``, ``first_in_process``,
+  ``path``;
+- ``"signal"``: the exit signal stopped the run: ``signal``, ``received_time`` and ``received_during``
+  (rank 0's), ``first_received_time`` (any rank), ``count``, ``step``, ``before_training``;
 - ``"end"``: ``step``, ``reason`` (as passed to ``hooks.on_exit``), ``exit_code``;
 - other kinds written through :meth:`MetricsLogger.event`.
 
@@ -22,11 +30,73 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Mapping
 
 log = logging.getLogger("megatron_resilience.metrics")
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def attempt_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Which attempt this process is: Slurm requeues (``SLURM_RESTART_COUNT``), in-job restarts by
+    torchrun/ft_launcher (``TORCHELASTIC_RESTART_COUNT``) and the Slurm job id."""
+    env = os.environ if env is None else env
+    return {"slurm_restart": int(env.get("SLURM_RESTART_COUNT") or 0),
+            "in_job_restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0),
+            "job_id": env.get("SLURM_JOB_ID") or None}
+
+
+def describe_attempt(attempt: Mapping[str, Any]) -> str:
+    job = f" of job {attempt['job_id']}" if attempt.get("job_id") else ""
+    return f"in-job restart {attempt['in_job_restart']}, requeue {attempt['slurm_restart']}{job}"
+
+
+def describe_resume(step: int, resumed: bool, last_logged_step: int | None) -> str:
+    """What a (re)start lost: the steps logged before it that come after the point it starts from."""
+    where = f"checkpoint at step {step}" if resumed else "no checkpoint"
+    if last_logged_step is None:
+        return f"{where}; nothing logged before"
+    if last_logged_step <= step:
+        return f"{where}; nothing lost (last logged step {last_logged_step})"
+    lost = last_logged_step - step
+    return (f"{where}; lost: steps {step + 1}-{last_logged_step} logged before this start "
+            f"({lost} step{'s' if lost != 1 else ''}, recomputed now)")
+
+
+def last_logged_step(run_dir: str, chunk: int = 1 << 16) -> int | None:
+    """The step of the last ``train`` record in ``<run_dir>/metrics.jsonl`` (read from the end), or None."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        tail = b""
+        while end > 0:
+            start = max(0, end - chunk)
+            f.seek(start)
+            tail = f.read(end - start) + tail
+            end = start
+            lines = tail.split(b"\n")
+            for line in reversed(lines[1:] if start > 0 else lines):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("kind") == "train" and "step" in record:
+                    return int(record["step"])
+            tail = lines[0] if start > 0 else b""
+    return None
+
+
+def format_duration(seconds: float) -> str:
+    """``3725`` -> ``'1h02m'``, ``185`` -> ``'3m05s'``, ``12.3`` -> ``'12s'``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
 
 
 class MetricsLogger:
@@ -37,6 +107,8 @@ class MetricsLogger:
         self.max_steps = max_steps
         self.path = os.path.join(run_dir, METRICS_FILE)
         self._file = None
+        self._last: tuple[int, float] | None = None  # (step, wall time) of the previous progress line
+        self._seconds_per_step: float | None = None  # all-in (eval, checkpoints included), smoothed
         if enabled:
             os.makedirs(run_dir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
@@ -55,13 +127,24 @@ class MetricsLogger:
         if not self.enabled:
             return
         grad = "n/a" if grad_norm is None else f"{grad_norm:.4f}"
-        log.info("step %d/%d | loss %.4f | lr %.3e | grad_norm %s | step_time %.1f ms | tokens/s %.0f",
-                 step, self.max_steps, loss, lr, grad, step_time_s * 1e3, tokens_per_s)
+        log.info("step %d/%d | loss %.4f | lr %.3e | grad_norm %s | step_time %.1f ms | tokens/s %.0f | ETA %s",
+                 step, self.max_steps, loss, lr, grad, step_time_s * 1e3, tokens_per_s,
+                 format_duration(self._eta(step, step_time_s)))
         self._write({
             "kind": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
             "step_time_s": step_time_s, "tokens_per_s": tokens_per_s, "consumed_samples": consumed_samples,
             **extra, "time": time.time(),
         })
+
+    def _eta(self, step: int, step_time_s: float) -> float:
+        """Seconds to max_steps at the wall-clock rate between progress lines (eval and saves included)."""
+        now = time.monotonic()
+        if self._last is not None and step > self._last[0]:
+            rate = (now - self._last[1]) / (step - self._last[0])
+            self._seconds_per_step = rate if self._seconds_per_step is None else \
+                0.7 * self._seconds_per_step + 0.3 * rate
+        self._last = (step, now)
+        return (self.max_steps - step) * (self._seconds_per_step or step_time_s)
 
     def eval(self, *, step: int, eval_loss: float) -> None:
         if not self.enabled:

@@ -29,6 +29,7 @@ def transformer_config(config: PretrainConfig, dist: DistInfo):
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.query_groups,
         ffn_hidden_size=m.ffn_size,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
@@ -53,21 +54,41 @@ def _importable(name: str) -> bool:
         return False
 
 
-def layer_spec(config: PretrainConfig, dist: DistInfo):
-    """Transformer Engine layers on GPU when TE imports; Megatron-Core's local layers otherwise (and on CPU)."""
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec,
-    )
+def resolve_attention_backend(config: PretrainConfig, dist: DistInfo) -> str:
+    """``model.attention_backend`` -> "te", "sdpa" or "unfused" for this device (auto: te on a GPU with TE)."""
+    requested = config.model.attention_backend
+    if requested in ("auto", "te"):
+        has_te = not dist.is_cpu and _importable("transformer_engine")
+        if has_te:
+            return "te"
+        if requested == "te":
+            raise ConfigError("model.attention_backend: 'te' needs Transformer Engine on a GPU "
+                              f"(device={dist.device.type}, transformer_engine importable: "
+                              f"{False if dist.is_cpu else has_te}); use 'auto' or 'sdpa', got 'te'")
+        return "sdpa"
+    return requested
 
-    if not dist.is_cpu:
-        if _importable("transformer_engine"):
-            return get_gpt_layer_with_transformer_engine_spec()
-        log.info("model: transformer_engine not importable; using Megatron-Core local layers")
+
+def layer_spec(config: PretrainConfig, dist: DistInfo, backend: str):
+    """Transformer Engine's layer spec for "te"; Megatron-Core's local spec otherwise, with SDPA core attention.
+
+    The TE path is Megatron-LM's own for a dense GPT (``get_gpt_layer_with_transformer_engine_spec()``:
+    TE linears with fused layer norms, ``TEDotProductAttention`` choosing flash/fused attention).
+    """
+    from megatron_resilience.upstream import mcore
+
+    if backend == "te":
+        return mcore.transformer_engine_layer_spec()
     if config.parallel.sequence_parallel and not _importable("apex.normalization"):
         # Megatron-Core's torch LayerNorm asserts on sequence parallelism; only TE/Apex norms support it.
         raise ConfigError("parallel.sequence_parallel: needs Transformer Engine (GPU) or Apex layer norms, "
                           f"neither is usable here (device={dist.device.type}), got True")
-    return get_gpt_layer_local_spec(normalization=config.model.normalization)
+    core_attention = None
+    if backend == "sdpa":
+        from megatron_resilience.runtime.attention import SDPAttention
+
+        core_attention = SDPAttention
+    return mcore.local_layer_spec(normalization=config.model.normalization, core_attention=core_attention)
 
 
 def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]:
@@ -80,16 +101,19 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
     """
     from megatron.core import parallel_state
     from megatron.core.distributed import (
-        DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads,
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
     )
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.module import Float16Module
 
     tconfig = transformer_config(config, dist)
     m = config.model
+    backend = resolve_attention_backend(config, dist)
     gpt = GPTModel(
         config=tconfig,
-        transformer_layer_spec=layer_spec(config, dist),
+        transformer_layer_spec=layer_spec(config, dist, backend),
         vocab_size=m.vocab_size,
         max_sequence_length=m.max_positions,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -116,6 +140,8 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
     tconfig.no_sync_func = ddp.no_sync
     if dist.rank == 0:
         n_params = sum(p.numel() for p in gpt.parameters())
-        log.info("model: GPT %d layers, hidden %d, heads %d, %d parameters on this stage/shard",
-                 m.num_layers, m.hidden_size, m.num_attention_heads, n_params)
+        log.info("model: GPT %d layers, hidden %d, heads %d (%d query groups), attention %s%s, "
+                 "%d parameters on this stage/shard", m.num_layers, m.hidden_size, m.num_attention_heads,
+                 m.query_groups, backend, "" if m.attention_backend == backend else f" ({m.attention_backend})",
+                 n_params)
     return [ddp]

@@ -35,11 +35,22 @@ def build_optimizer(config: PretrainConfig, model: list[torch.nn.Module]):
         fp16=m.precision == "fp16",
         params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[m.precision],
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
-        initial_loss_scale=2.0**16,  # fp16 only; Megatron's 2**32 default overflows for the first ~16 steps
+        initial_loss_scale=o.initial_loss_scale,  # fp16 only (see OptimizerConfig)
     )
     optimizer = get_megatron_optimizer(mcore, model)
     get_model_config(model[0]).grad_scale_func = optimizer.scale_loss
+    if m.precision == "fp16" and torch.distributed.get_rank() == 0:
+        log.info("optimizer: fp16 with dynamic loss scaling: initial loss scale %g (optim.initial_loss_scale); "
+                 "a step whose gradients overflow is skipped, and after %d overflows in a row the scale halves "
+                 "(min %g); it doubles after %d clean steps", o.initial_loss_scale, mcore.hysteresis,
+                 mcore.min_loss_scale, mcore.loss_scale_window)
     return optimizer
+
+
+def loss_scale(optimizer) -> float | None:
+    """The fp16 loss scaler's current scale (None without one: fp32 and bf16 do not scale the loss)."""
+    scaler = getattr(getattr(optimizer, "chained_optimizers", [optimizer])[0], "grad_scaler", None)
+    return None if scaler is None else float(scaler.scale.item())
 
 
 def build_scheduler(config: PretrainConfig, optimizer):

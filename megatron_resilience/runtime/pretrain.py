@@ -10,15 +10,20 @@ checkpoint load and the data position; then ``hooks.after_setup``, the loop,
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
 import time
 
+from megatron_resilience import upstream
 from megatron_resilience.config import ConfigError, PretrainConfig
+from megatron_resilience.config.paths import check_paths
+from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
+from megatron_resilience.runtime.launch_env import adopt_launch_env
+from megatron_resilience.runtime.setup_timeline import SetupTimeline
 from megatron_resilience.runtime.state import TrainState
+from megatron_resilience.upstream.harmless_warnings import silence_harmless_warnings
 
 log = logging.getLogger("megatron_resilience")
 
@@ -38,6 +43,7 @@ def _setup_logging(rank: int) -> None:
         logging.setLogRecordFactory(record_factory)
     logging.getLogger("megatron_resilience").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logging.getLogger("megatron").setLevel(logging.WARNING)
+    silence_harmless_warnings()
 
 
 def build_hooks(config: PretrainConfig, *, rank: int, world_size: int) -> TrainingHooks:
@@ -50,37 +56,12 @@ def build_hooks(config: PretrainConfig, *, rank: int, world_size: int) -> Traini
     return factory(config, rank=rank, world_size=world_size)
 
 
-class NoCheckpoints:
-    """Stand-in while ``runtime/checkpoint.py`` is absent: nothing to load, nothing saved."""
-
-    def __init__(self, config, *, run_dir: str) -> None:
-        if config.save is not None or config.load_dir is not None:
-            raise RuntimeError("checkpoint.save/load is set but megatron_resilience.runtime.checkpoint is missing")
-
-    def load_latest(self, state: TrainState) -> bool:
-        return False
-
-    def should_save(self, step: int) -> bool:
-        return False
-
-    def save(self, state: TrainState) -> None:
-        pass
-
-    def finalize(self) -> None:
-        pass
-
-
-def _checkpoint_manager_cls():
-    if importlib.util.find_spec("megatron_resilience.runtime.checkpoint") is None:
-        return NoCheckpoints
-    from megatron_resilience.runtime.checkpoint import CheckpointManager
-
-    return CheckpointManager
-
-
 def _init_rerun_state_machine(config: PretrainConfig) -> None:
     from megatron.core.rerun_state_machine import (
-        RerunDiagnostic, RerunErrorInjector, RerunMode, initialize_rerun_state_machine,
+        RerunDiagnostic,
+        RerunErrorInjector,
+        RerunMode,
+        initialize_rerun_state_machine,
     )
 
     r = config.rerun
@@ -97,62 +78,130 @@ def _init_rerun_state_machine(config: PretrainConfig) -> None:
 def run_pretraining(config: PretrainConfig) -> None:
     """Train ``config`` on this process's rank; returns when finished or stopped, exits 16/17 on rerun codes."""
     start_time = time.monotonic()
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    # First: a preemption signal during the seconds of imports and setup below must stop the run, not kill it.
+    signals = install_at_process_start(config.train.exit_signal_handler, config.train.exit_signal,
+                                       run_dir=config.run_dir, checkpoint_root=config.checkpoint.load_dir)
+    timeline = SetupTimeline()
+    timeline.mark("entered")
+    launch = adopt_launch_env()  # torchrun/ft_launcher variables, or Slurm's under a bare srun (no torch)
+    rank, world_size = launch.rank, launch.world_size
+    try:  # before torch loads: a bad folder or job size fails here, in seconds, not at the first save
+        config.validate_world_size(world_size)
+        check_paths(config)
+    except ConfigError as err:
+        raise SystemExit(f"megatron_resilience: {err}") from None
     _setup_logging(rank)
+    if signals is not None and rank == 0:
+        log.info("preemption: %s handler installed at process start (pid %d): a signal during setup exits 0 at "
+                 "once, later ones stop the run with a checkpoint", config.train.exit_signal, os.getpid())
     hooks = build_hooks(config, rank=rank, world_size=world_size)
     exit_code = None
     try:
         with hooks.setup_section():
-            ctx = _setup(config, hooks, start_time)
+            ctx = _setup(config, hooks, start_time, timeline)
         hooks.after_setup(ctx.state)
         from megatron_resilience.runtime.loop import train
 
-        reason, exit_code = train(ctx)
+        reason, exit_code, at_stop = train(ctx)
         ctx.metrics.event("end", step=ctx.state.step, reason=reason, exit_code=exit_code or 0)
-        hooks.on_exit(ctx.state, reason)
+        hooks.on_exit(ctx.state, reason, checkpoint_step=ctx.checkpoints.latest_step, checkpoint_at_stop=at_stop)
         if rank == 0:
             log.info("training ended: %s at step %d (%.1f s)", reason, ctx.state.step, time.monotonic() - start_time)
         ctx.metrics.close()
     except ConfigError as err:  # a setting that only the job's size can check, e.g. TP*PP vs world size
         raise SystemExit(f"megatron_resilience: {err}") from None
+    except Exception as err:
+        why = lost_a_peer(err)
+        if why is None:
+            raise
+        # Expected when another rank died: the launcher restarts the whole group. One line, not a traceback.
+        log.warning("rank %d: lost contact with another rank (%s: %s); exiting with code 1 so the launcher restarts "
+                    "the worker group", rank, type(err).__name__, why)
+        raise SystemExit(1) from None
     finally:
         _teardown()
     if exit_code is not None:
         sys.exit(exit_code)
 
 
-def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float):
+# What torch.distributed raises on a rank whose peer process is gone (gloo's TCP pair, NCCL's abort).
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
+              "ncclRemoteError")
+
+
+def lost_a_peer(err: BaseException) -> str | None:
+    """What a surviving rank's communication error says when another rank died mid-collective, else None."""
+    if not isinstance(err, RuntimeError):
+        return None
+    return next((text for text in _PEER_LOST if text in str(err)), None)
+
+
+def _import_runtime(config: PretrainConfig) -> None:
+    """Import what this run uses up front, so the setup record's ``imports`` mark covers the import cost."""
+    import importlib
+
+    from megatron_resilience.upstream import mcore
+
+    mcore.import_megatron_core()
+    # torch._dynamo: torch.optim imports it when the first optimizer is built (torch._disable_dynamo).
+    for name in ("megatron.core.models.gpt", "megatron.core.optimizer", "megatron.core.pipeline_parallel",
+                 "megatron.core.datasets.gpt_dataset", "torch._dynamo"):
+        importlib.import_module(name)
+    if config.checkpoint.save is not None or config.checkpoint.load_dir is not None:
+        importlib.import_module("megatron.core.dist_checkpointing")
+
+
+def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, timeline: SetupTimeline | None = None):
+    timeline = timeline or SetupTimeline()
+    _import_runtime(config)
     from megatron.core import parallel_state
 
     from megatron_resilience.runtime import data
+    from megatron_resilience.runtime.checkpoint import CheckpointManager
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
     from megatron_resilience.runtime.loop import TrainContext
-    from megatron_resilience.runtime.metrics import MetricsLogger
+    from megatron_resilience.runtime.metrics import (
+        MetricsLogger,
+        attempt_info,
+        describe_attempt,
+        describe_resume,
+        last_logged_step,
+    )
     from megatron_resilience.runtime.model import build_model
     from megatron_resilience.runtime.optimizer import build_optimizer, build_scheduler
 
+    timeline.mark("imports")
     dist = init_distributed(config)
     _init_rerun_state_machine(config)
     # Same seed on every data- and tensor-parallel rank (identical replicas, TP splits of one matrix);
     # pipeline stages get their own, as in Megatron-LM, so stage 2's layers differ from stage 1's.
     seed_everything(config.train.seed + 100 * parallel_state.get_pipeline_model_parallel_rank())
+    timeline.mark("distributed")
     model = build_model(config, dist)
+    timeline.mark("model")
     optimizer = build_optimizer(config, model)
     scheduler = build_scheduler(config, optimizer)
+    timeline.mark("optimizer")
     gbs = config.train.resolved_global_batch_size(dist.dp)
     num_microbatches = gbs // (config.train.micro_batch_size * dist.dp)
     datasets = data.build_datasets(config, global_batch_size=gbs)
+    timeline.mark("data")
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler)
-    checkpoints = _checkpoint_manager_cls()(config.checkpoint, run_dir=config.run_dir)
+    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir)
     resumed = checkpoints.load_latest(state)
+    timeline.mark("checkpoint_load")
+    attempt = attempt_info()
+    logged = last_logged_step(config.run_dir) if dist.rank == 0 else None
     metrics = MetricsLogger(config.run_dir, enabled=dist.rank == 0, max_steps=config.train.max_steps)
     metrics.event("start", step=state.step, consumed_samples=state.consumed_samples, resumed=resumed,
-                  world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp)
+                  resumed_from=checkpoints.latest_step if resumed else None, attempt=attempt, last_logged_step=logged,
+                  world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp,
+                  versions=upstream.installed_versions(), setup=timeline.record())
     if dist.rank == 0:
-        log.info("setup: %s at step %d (consumed_samples=%d), global batch %d = %d micro-batches x %d x dp %d",
-                 "resumed" if resumed else "starting", state.step, state.consumed_samples, gbs, num_microbatches,
-                 config.train.micro_batch_size, dist.dp)
+        log.info("setup: %s at step %d (consumed_samples=%d), global batch %d = %d micro-batches x %d x dp %d; "
+                 "attempt: %s; %s", "resumed" if resumed else "starting", state.step, state.consumed_samples, gbs,
+                 num_microbatches, config.train.micro_batch_size, dist.dp, describe_attempt(attempt),
+                 describe_resume(state.step, resumed, logged))
     train_iterator = data.train_iterator(datasets, config, consumed_samples=state.consumed_samples,
                                          device=dist.device, worker_init_fn=hooks.dataloader_worker_init)
     return TrainContext(config=config, dist=dist, state=state, hooks=hooks, checkpoints=checkpoints,

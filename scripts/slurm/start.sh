@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Start (installing first if needed) a single-node Slurm cluster: munged, a private MariaDB, slurmdbd,
-# slurmctld and slurmd, started directly (no systemd) with their PIDs recorded under $STATE/run.
-# Idempotent: a running, healthy cluster with unchanged config is reused in well under a second.
+# Start (installing first if needed) the test cluster that common.sh describes: munged, a private MariaDB,
+# slurmdbd, slurmctld and one slurmd per node, started directly (no systemd) with their PIDs recorded
+# under $STATE/run. The default is the single-node cluster in /etc/slurm; MR_SLURM_INSTANCE=multinode starts
+# a private multi-node one beside it (see common.sh). Idempotent: a running, healthy cluster with unchanged
+# config is reused in well under a second; a changed config restarts that instance only.
 # Prints nothing on stdout but `key=value` lines describing the cluster (for tests and notebooks).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,7 +19,12 @@ describe() {
   echo "cluster=$CLUSTER"
   echo "partition=$PARTITION"
   echo "state_dir=$STATE"
-  echo "slurm_conf=/etc/slurm/slurm.conf"
+  echo "slurm_conf=$SLURM_CONF"
+  echo "nodes=$(partition_nodes | join_nodes)"
+  if ((FAULT_NODES > 0)); then
+    echo "fault_partition=$FAULT_PARTITION"
+    echo "fault_nodes=$(fault_nodes | join_nodes)"
+  fi
 }
 
 fail() {
@@ -36,36 +43,51 @@ wait_for() {
   done
 }
 
-node_state() { sinfo -h -n localhost -o %T 2>/dev/null | head -n1; }
-node_usable() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+node_state() { sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n1; }
+usable() { [[ $(node_state "$1") =~ ^(idle|mixed|allocated|completing)$ ]]; }
+# The default partition's nodes must all be usable. The reserved fault nodes may be DOWN on purpose (a test).
+node_usable() { local n; for n in $(partition_nodes); do usable "$n" || return 1; done; }
+# Bring nodes back that are down/drained, except reserved ones a test took down (Reason=mr-test...).
+resume_nodes() {
+  local node state reason
+  while read -r node state reason; do
+    [[ $state =~ (down|drain|fail) ]] || continue
+    if fault_nodes | grep -qx "$node" && [[ $reason == mr-test* ]]; then continue; fi
+    scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
+  done < <(sinfo -h -N -o "%N %T %E" 2>/dev/null | sort -u)
+}
 all_alive() { local d; for d in "${DAEMONS[@]}"; do [[ -n $(pid_of "$d") ]] || [[ $d == munged ]] || return 1; done; }
+# Any daemon this instance started still running (also node daemons of a previous node layout).
+any_alive() {
+  local file
+  for file in "$STATE"/run/*.pid; do [[ -e $file && -n $(pid_of "$(basename "$file" .pid)") ]] && return 0; done
+  return 1
+}
 munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>/dev/null; }
 
 # --- config: render the templates; restart everything if a file changed while running -------------------
 [[ -s $STATE/db.pass ]] || { (umask 077; head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$STATE/db.pass"); }
 DB_PASS=$(<"$STATE/db.pass")
-render() {
-  sed -e "s|@STATE@|$STATE|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@PARTITION@|$PARTITION|g" \
-      -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@DB_PASS@|$DB_PASS|g" "$1"
-}
+RENDERED=$(mktemp -d)
+bash "$HERE/render.sh" "$RENDERED"
 changed=0
-install_conf() {  # install_conf TEMPLATE DEST MODE
-  local tmp; tmp=$(mktemp)
-  render "$1" >"$tmp"
-  if ! cmp -s "$tmp" "$2"; then install -m "$3" "$tmp" "$2"; changed=1; fi
-  rm -f "$tmp"
+install_conf() {  # install_conf NAME MODE
+  if ! cmp -s "$RENDERED/$1" "$CONF_DIR/$1"; then install -m "$2" "$RENDERED/$1" "$CONF_DIR/$1"; changed=1; fi
 }
-mkdir -p /etc/slurm
-install_conf "$HERE/slurm.conf.in" /etc/slurm/slurm.conf 644
-install_conf "$HERE/cgroup.conf.in" /etc/slurm/cgroup.conf 644
-install_conf "$HERE/slurmdbd.conf.in" /etc/slurm/slurmdbd.conf 600
+mkdir -p "$CONF_DIR"
+install_conf slurm.conf 644
+install_conf cgroup.conf 644
+install_conf slurmdbd.conf 600
+rm -rf "$RENDERED"
 
 if [[ $changed -eq 0 ]] && all_alive && munge_ok && scontrol ping 2>/dev/null | grep -q UP && node_usable; then
+  resume_nodes
   log "already running (state in $STATE)"
   describe
   exit 0
 fi
-if [[ $changed -eq 1 ]] && all_alive; then
+if [[ $changed -eq 1 ]] && any_alive; then
+  # Every daemon, so none keeps the old config (e.g. slurmctld with the old node list).
   log "config changed: restarting"
   flock -u 9
   bash "$HERE/stop.sh"
@@ -125,15 +147,17 @@ if [[ -z $(pid_of slurmctld) ]]; then
   wait_for 30 "slurmctld" bash -c "scontrol ping | grep -q UP"
   log "started slurmctld (pid $(<"$STATE/run/slurmctld.pid"))"
 fi
-if [[ -z $(pid_of slurmd) ]]; then
-  /usr/sbin/slurmd -N localhost 9>&-
-  wait_for 30 "slurmd pid file" test -s "$STATE/run/slurmd.pid"
-  log "started slurmd (pid $(<"$STATE/run/slurmd.pid"))"
-fi
-if [[ $(node_state) =~ (down|drain|fail) ]]; then
-  scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true
-fi
-wait_for 30 "node localhost to be idle (state: $(node_state))" node_usable
+for node in $(all_nodes); do
+  daemon=slurmd; multi_node && daemon=slurmd-$node
+  if [[ -z $(pid_of "$daemon") ]]; then
+    mkdir -p "$STATE/slurmd/$node"
+    /usr/sbin/slurmd -N "$node" 9>&-
+    wait_for 30 "$daemon pid file" test -s "$STATE/run/$daemon.pid"
+    log "started $daemon (pid $(<"$STATE/run/$daemon.pid"))"
+  fi
+done
+resume_nodes
+wait_for 30 "nodes $(partition_nodes | join_nodes) to be idle ($(sinfo -h -N -o '%N:%T' | sort -u | xargs))" node_usable
 wait_for 30 "sacct" sacct -n -X
 log "cluster up in $((SECONDS - started))s (state in $STATE)"
 describe

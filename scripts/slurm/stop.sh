@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stop the daemons that start.sh started, by the PIDs it recorded (in reverse start order).
+# Stop the daemons that start.sh started, by the PIDs it recorded (in reverse start order), for the instance
+# that common.sh describes (MR_SLURM_INSTANCE=multinode: the private multi-node one).
 # Daemons it did not start (e.g. a munged that was already running) are left alone. Idempotent.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -8,8 +9,15 @@ mkdir -p "$STATE"
 exec 9>"$STATE/.lock"
 flock 9
 
-for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
-  name=${DAEMONS[i]}
+# Also node daemons of another layout (the node list changed since they were started): stopped first.
+names=("${DAEMONS[@]}")
+for file in "$STATE"/run/slurmd*.pid; do
+  [[ -e $file ]] || continue
+  name=$(basename "$file" .pid)
+  [[ " ${names[*]} " == *" $name "* ]] || names+=("$name")
+done
+for ((i = ${#names[@]} - 1; i >= 0; i--)); do
+  name=${names[i]}
   pid=$(pid_of "$name")
   if [[ -n $pid ]]; then
     kill -TERM "$pid" 2>/dev/null || true

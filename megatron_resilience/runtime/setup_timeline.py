@@ -1,0 +1,38 @@
+"""Wall-clock marks of a process's setup, from its creation to its first step, for ``metrics.jsonl``.
+
+A restart costs detection + process start + imports + distributed init + model + data + checkpoint
+load + the first step; each has its own remedy, so each is recorded. Every ``start`` record (one per
+(re)start, rank 0) carries ``setup`` = {``process_start``: the process's creation (from ``/proc``),
+``marks``: {name: wall time (``time.time()``)} in order}. benchmarks/recovery.py turns them into the split.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def process_start_time(pid: int | None = None) -> float | None:
+    """Wall time at which process ``pid`` (default: this one) was created; None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as f:
+            boot = time.time() - float(f.read().split()[0])  # /proc/stat's btime is whole seconds only
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: starttime in ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class SetupTimeline:
+    """Ordered ``name -> wall time`` marks; ``record()`` is the ``setup`` record's fields."""
+
+    def __init__(self) -> None:
+        self.process_start = process_start_time()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.time()
+
+    def record(self) -> dict:
+        return {"process_start": self.process_start, "marks": dict(self.marks)}
