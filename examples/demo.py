@@ -14,7 +14,9 @@ run's ``metrics.jsonl`` and checkpoint directory, not assumed:
 - recomputed steps: steps run twice because they came after the last checkpoint before the
   fault, and whether the re-run produced bit-identical losses (exact resume).
 
-It also writes a PNG: loss over steps per attempt, the fault, the restart and the checkpoints.
+It also writes a PNG: loss over steps per attempt, the fault, the restart and the checkpoints; and it
+ends with the job-level report of its own run (``python -m megatron_resilience.report RUN_DIR``): one
+row per trainer (re)start, goodput and badput by cause, and a timeline PNG.
 
     python examples/demo.py [--dir DIR] [--max-steps 40] [--fault-step 25] [--plot demo.png]
 """
@@ -194,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(summary, args.plot or os.path.join(config.run_dir, "demo.png"))
     print(format_summary(summary))
     print(f"plot:         {png}")
+    from megatron_resilience.jobs.report import build as build_report
+    from megatron_resilience.jobs.report import format_report
+    from megatron_resilience.jobs.timeline import write_timeline
+
+    report = build_report(config.run_dir)
+    print(format_report(report))
+    print(f"timeline:     {write_timeline(report, os.path.join(config.run_dir, 'attempts_timeline.png'))}")
     ok = state == "SUCCEEDED" and summary["finished"] and summary["lost_steps"] == 0 and summary["restarts"] >= 1
     return 0 if ok else 1
 

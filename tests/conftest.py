@@ -16,6 +16,8 @@ Use from any test module (pytest puts ``tests/`` on ``sys.path``)::
   concurrently; ``launch.wait(timeout)`` returns the ``CompletedProcess``.
 - ``read_metrics(run_dir, kind="train")``: records of ``<run_dir>/metrics.jsonl`` (last record
   per step, sorted by step); ``kind=None`` returns every record in file order.
+- ``read_checkpoint(iter_dir, scratch_file)``: every tensor and object of a dist checkpoint, read
+  without a process group; ``tree_equal(a, b)``: exact equality of such trees (dtypes included).
 
 Launches default to 1 OpenMP thread per rank (as torchrun does for N > 1) so a 1-process
 reference run computes exactly like each rank of a 2-process run.
@@ -38,6 +40,13 @@ if str(REPO) not in sys.path:
 from megatron_resilience.runtime.metrics import read_metrics as _read_metrics  # noqa: E402  (no torch import)
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def pytest_report_header(config):
+    """Which upstream stack this run tests (the main lane, or the newest lane on PYTHONPATH)."""
+    from megatron_resilience.upstream import installed_versions
+
+    return "upstream: " + ", ".join(f"{name}=={version}" for name, version in installed_versions().items())
 
 
 class Launch:
@@ -80,3 +89,30 @@ def run_torchrun(nproc: int, overrides: Sequence[str], env: dict[str, str] | Non
 
 def read_metrics(run_dir: str | os.PathLike, kind: str | None = "train") -> list[dict]:
     return _read_metrics(str(run_dir), kind)
+
+
+def read_checkpoint(path: str | os.PathLike, scratch: str | os.PathLike) -> dict:
+    """``{"sharded": ..., "common": ...}`` of a dist checkpoint (torch_dist shards + common.pt), read without a
+    process group through ``scratch`` (a file path; torch's DCP-to-torch.save converter reassembles shards)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(scratch))
+    return {"sharded": torch.load(scratch, weights_only=False),
+            "common": torch.load(os.path.join(path, "common.pt"), weights_only=False)}
+
+
+def tree_equal(a, b) -> bool:
+    """Exact equality of nested dicts/lists of tensors, arrays and plain values (tensors: dtype and bits)."""
+    import numpy as np
+    import torch
+
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(tree_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(tree_equal(x, y) for x, y in zip(a, b))
+    return a == b

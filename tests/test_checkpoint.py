@@ -125,9 +125,17 @@ def _rng_draws() -> list:
             tracked]
 
 
+def _live_children() -> list[int]:
+    """PIDs of this process's live child processes (a spawned helper would show up here)."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as handle:
+            pids += [int(p) for p in handle.read().split()]
+    return sorted(p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z")
+
+
 def _worker(workdir: str) -> None:
     import logging
-    import shutil
 
     import torch
 
@@ -156,7 +164,11 @@ def _worker(workdir: str) -> None:
         state.extra["note"] = mode
         manager = CheckpointManager(config, run_dir=workdir)
         expected = _snapshot(state)
+        children_before = _live_children()
         manager.save(state)
+        if mode == "sync":  # the first save of this process: no helper process may be left running
+            result["first_save"] = {"children_before": children_before, "children_after": _live_children(),
+                                    "records": manager.take_durable()}
         save_seconds = manager.last_save_seconds
         visible_before_finalize = sorted(os.listdir(save))
         # Train on while an async write may still be in flight: the checkpoint must hold the step-3 state.
@@ -183,28 +195,33 @@ def _worker(workdir: str) -> None:
     config = CheckpointConfig(save=save, save_interval=2)
     state = _build(seed=3)
     manager = CheckpointManager(config, run_dir=workdir)
-    for _ in range(4):
+    for _ in range(12):
         _train_step(state)
+        if state.step == 4:
+            at_step_4 = _snapshot(state)
         if manager.should_save(state.step):
             manager.save(state)
-    at_step_4 = _snapshot(state)
 
-    def clone(step: int) -> str:
-        path = os.path.join(save, f"iter_{step:07d}")
-        shutil.copytree(os.path.join(save, "iter_0000004"), path)
-        common = torch.load(os.path.join(path, "common.pt"), weights_only=False)
-        common["step"] = step
-        torch.save(common, os.path.join(path, "common.pt"))
-        return path
+    def path(step: int) -> str:
+        return os.path.join(save, f"iter_{step:07d}")
 
-    shutil.copytree(os.path.join(save, "iter_0000004"), os.path.join(save, "iter_0000006.tmp"))  # cut off mid-write
-    os.remove(os.path.join(clone(8), "metadata.json"))  # dist_checkpointing's last file never written
-    with open(os.path.join(clone(10), "common.pt"), "r+b") as handle:  # unreadable common state
-        handle.truncate(100)
-    for name in os.listdir(path := clone(12)):  # passes the scan, but a tensor shard is truncated
-        if name.endswith(".distcp"):
-            with open(os.path.join(path, name), "r+b") as handle:
-                handle.truncate(64)
+    def truncate(name: str, size: int) -> None:
+        with open(name, "r+b") as handle:
+            handle.truncate(size)
+
+    def shards(step: int) -> list[str]:
+        return sorted(os.path.join(path(step), n) for n in os.listdir(path(step)) if n.endswith(".distcp"))
+
+    os.rename(path(6), path(6) + ".tmp")  # cut off mid-write
+    os.remove(os.path.join(path(8), "metadata.json"))  # dist_checkpointing's last file never written
+    # The common state (step, scheduler, data position) is common.pt up to megatron-core 0.16 and an object
+    # inside the torch_dist shards from 0.17 on: damage it where it is.
+    legacy_common = os.path.exists(os.path.join(path(10), "common.pt"))
+    for name in [os.path.join(path(10), "common.pt")] if legacy_common else shards(10):
+        truncate(name, 100)  # unreadable common state
+    largest = max(shards(12), key=os.path.getsize)  # passes the scan, but tensor data is cut off
+    truncate(largest, 64 if legacy_common else os.path.getsize(largest) // 2)
+    result["damaged_layout"] = {"legacy_common": legacy_common, "shards_12": len(shards(12))}
     with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as handle:
         handle.write("12\n")  # the tracker points at a broken checkpoint
     restored = _build(seed=4)
@@ -244,6 +261,20 @@ def _worker(workdir: str) -> None:
     restored = _build(seed=6)
     result["async_crash"]["loaded"] = CheckpointManager(CheckpointConfig(save=save), run_dir=workdir).load_latest(
         restored)
+    manager.finalize()
+
+    # 7. An async save is committed as soon as its write is done, by non-blocking polls alone (no next save,
+    #    no finalize), and its record says when it started, how long it blocked, when it became durable.
+    save = os.path.join(workdir, "async_poll")
+    manager = CheckpointManager(CheckpointConfig(save=save, async_save=True), run_dir=workdir)
+    manager.save(state, reason="interval")
+    polls, deadline = 0, time.monotonic() + 300
+    while manager.pending_steps and time.monotonic() < deadline:
+        manager.maybe_finalize()  # never waits
+        polls += 1
+        time.sleep(0.02)
+    result["async_poll"] = {"pending": manager.pending_steps, "entries": sorted(os.listdir(save)), "polls": polls,
+                            "latest_step": manager.latest_step, "records": manager.take_durable()}
     manager.finalize()
 
     with open(os.path.join(workdir, "result.json"), "w") as handle:
@@ -309,6 +340,32 @@ def test_retention_keeps_exactly_keep_last_n(worker):
     assert result["retention"]["tracker"] == "5\n"
     assert result["retention"]["latest_step"] == 5
     assert result["resave"]["entries"] == ["iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt"]
+
+
+@pytest.mark.slow
+def test_first_save_starts_no_helper_process_and_is_recorded(worker):
+    """Upstream starts a spawned Manager process on a process's first save (seconds of interpreter start and
+    imports between a preemption signal and a durable checkpoint; killed by a forwarded SIGTERM). Ours: none."""
+    first = worker[0]["first_save"]
+    assert first["children_after"] == first["children_before"] == []
+    (record,) = first["records"]
+    assert (record["step"], record["reason"], record["async"], record["first_in_process"]) == (3, "interval", False,
+                                                                                               True)
+    assert record["bytes"] > 100_000  # the tiny GPT with Adam moments
+    assert record["start_time"] <= record["durable_time"] and record["blocking_s"] >= 0
+    assert record["lag_s"] == record["durable_time"] - record["start_time"]
+    assert record["path"].endswith("roundtrip_sync/iter_0000003")
+
+
+@pytest.mark.slow
+def test_async_save_is_committed_by_polling_alone(worker):
+    poll = worker[0]["async_poll"]
+    assert poll["pending"] == [] and poll["latest_step"] == 5
+    assert poll["entries"] == ["iter_0000005", "latest_checkpointed_iteration.txt"]
+    (record,) = poll["records"]
+    assert (record["step"], record["async"], record["first_in_process"]) == (5, True, False)
+    assert record["start_time"] + record["blocking_s"] <= record["durable_time"]  # blocked less than it took
+    assert record["bytes"] > 100_000
 
 
 def test_atomic_write_text(tmp_path):

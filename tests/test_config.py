@@ -5,9 +5,19 @@ import re
 import pytest
 
 from megatron_resilience.config import (
-    CheckpointConfig, ConfigError, DataConfig, FaultToleranceConfig, ModelConfig, OptimizerConfig, ParallelConfig,
-    PretrainConfig, RerunConfig, StragglerConfig, TrainingConfig,
+    CheckpointConfig,
+    ConfigError,
+    DataConfig,
+    FaultToleranceConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    PretrainConfig,
+    RerunConfig,
+    StragglerConfig,
+    TrainingConfig,
 )
+from megatron_resilience.config.slurm_time import slurm_time_seconds, time_note
 
 BAD_VALUES = [
     (lambda: ModelConfig(num_layers=0), "model.num_layers: must be an integer >= 1, got 0"),
@@ -37,7 +47,7 @@ BAD_VALUES = [
     (lambda: CheckpointConfig(keep_last_n=0), "checkpoint.keep_last_n: must be an integer >= 1, got 0"),
     (lambda: CheckpointConfig(save_interval=10), "checkpoint.save: must be set when checkpoint.save_interval is set"),
     (lambda: FaultToleranceConfig(simulated_fault_type="rank_slow"),
-     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random'], got 'rank_slow'"),
+     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception'], got 'rank_slow'"),
     (lambda: StragglerConfig(gpu_relative_perf_threshold=1.5),
      "straggler.gpu_relative_perf_threshold: must be a number in [0, 1], got 1.5"),
     (lambda: RerunConfig(rerun_mode="always"),
@@ -51,6 +61,21 @@ BAD_VALUES = [
     (lambda: PretrainConfig(run_dir="/tmp/r", train=TrainingConfig(max_steps=5),
                             ft=FaultToleranceConfig(simulated_fault_step=9)),
      "ft.simulated_fault_step: must be <= train.max_steps=5, got 9"),
+    # NaN passes every comparison; every float field must be finite
+    (lambda: OptimizerConfig(lr=float("nan")), "optim.lr: must be a finite number, got nan"),
+    (lambda: OptimizerConfig(weight_decay=float("inf")), "optim.weight_decay: must be a finite number, got inf"),
+    (lambda: TrainingConfig(exit_duration_in_mins=float("nan")),
+     "train.exit_duration_in_mins: must be a finite number, got nan"),
+    (lambda: FaultToleranceConfig(simulated_fault_base_delay=float("-inf")),
+     "ft.simulated_fault_base_delay: must be a finite number, got -inf"),
+    # the annotated type, whichever way the value arrives
+    (lambda: TrainingConfig(max_steps="100"), "train.max_steps: must be an integer, got '100'"),
+    (lambda: TrainingConfig(max_steps=True), "train.max_steps: must be an integer, got True"),
+    (lambda: FaultToleranceConfig(enabled="yes"), "ft.enabled: must be true or false, got 'yes'"),
+    (lambda: DataConfig(data_path=["a", 1]), "data.data_path: must be a list of strings, got ['a', 1]"),
+    (lambda: ModelConfig(normalization=None), "model.normalization: must not be None, got None"),
+    (lambda: CheckpointConfig(save=5), "checkpoint.save: must be a string, got 5"),
+    (lambda: CheckpointConfig(save=""), "checkpoint.save: must be a directory path or None, got ''"),
 ]
 
 
@@ -74,3 +99,25 @@ def test_world_size_checks_name_the_fields():
 def test_configs_are_keyword_only():
     with pytest.raises(TypeError):
         ModelConfig(2)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("90", 5400), ("01:30", 90), ("1:30", 90), ("01:30:00", 5400), ("2-", 172800), ("1-12", 129600),
+    ("1-12:30", 131400), ("1-12:30:15", 131415), ("0", None), ("00:00", None), ("-1", None), ("UNLIMITED", None),
+    ("infinite", None), (None, None), (60, 3600),
+])
+def test_slurm_time_strings_read_as_slurm_reads_them(text, seconds):
+    assert slurm_time_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", " ", "soon", "1:2:3:4", "1-2-3", "-5", ":30", "1:", "1-:30", "1.5", "1h"])
+def test_slurm_rejects_these_time_strings(text):
+    with pytest.raises(ConfigError) as err:
+        slurm_time_seconds(text)
+    assert str(err.value) == f"executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got {text!r}"
+
+
+def test_minutes_seconds_form_gets_a_note():
+    assert time_note("01:30") == ("executor.time='01:30' is 1 min 30 s to Slurm (minutes:seconds); "
+                                  "for 1 h 30 min write '01:30:00'")
+    assert [time_note(t) for t in ("01:30:00", "90", "1-01:30", "0:00")] == [None, None, None, None]

@@ -1,4 +1,5 @@
-"""The examples run as users would run them: the resilient demo, the Python script, the CLI walkthrough, the notebook."""
+"""The examples run as users would run them: the resilient demo, the Python script, the CLI walkthrough,
+the notebook."""
 
 import json
 import os
@@ -46,12 +47,14 @@ def test_make_demo_survives_a_killed_rank_with_zero_lost_steps(tmp_path):
     assert "checkpoints:  4 at steps [10, 20, 30, 40]" in out
     assert "lost steps:   0\n" in out
     assert "recomputed:   4 steps after the last checkpoint before the fault; losses bit-identical on re-run" in out
+    assert "megatron_resilience report: " in out and "\ngoodput: " in out  # the demo ends with its own report
 
     (summary_path,) = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "runs") for f in files
                        if f == "demo_summary.json"]
     summary = json.load(open(summary_path))
     assert (summary["lost_steps"], summary["restarts"], summary["resumed_from"], summary["checkpoints"]) == \
         (0, 1, [20], [10, 20, 30, 40])
+    _assert_the_run_itself_matches_the_summary(os.path.dirname(summary_path))
     # The restart really went through ft_launcher: its log names the dead rank and the restart.
     launcher_log = "".join(open(os.path.join(d, f), errors="replace").read()
                            for d, _, files in os.walk(tmp_path / "nemo_run_home") for f in files
@@ -60,6 +63,39 @@ def test_make_demo_survives_a_killed_rank_with_zero_lost_steps(tmp_path):
     assert "will restart worker group" in launcher_log
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def _assert_the_run_itself_matches_the_summary(run_dir: str) -> None:
+    """What the summary claims, read independently from the trainer's own records and the checkpoint files."""
+    import torch
+
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    starts = [(r["step"], r["resumed"]) for r in records if r["kind"] == "start"]
+    assert starts == [(0, False), (20, True)]  # the restart loaded the step-20 checkpoint
+    train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train"]
+    # Attempt 1 trained steps 1-24 (rank 1 died at the start of 25); attempt 2 re-ran 21-24 and went on to 40.
+    assert [step for step, _ in train] == list(range(1, 25)) + list(range(21, 41))
+    first, second = dict(train[:24]), dict(train[24:])
+    assert [first[s] for s in range(21, 25)] == [second[s] for s in range(21, 25)]  # bitwise re-run
+    assert second[40] < first[1] - 1.0  # it learned
+    ends = [(r["reason"], r["step"], r["exit_code"]) for r in records if r["kind"] == "end"]
+    assert ends == [("finished", 40, 0)]  # the killed attempt never reached its end
+    saves = [(i, r["step"]) for i, r in enumerate(records) if r["kind"] == "checkpoint"]
+    restart = [i for i, r in enumerate(records) if r["kind"] == "start"][1]
+    assert sorted({step for _, step in saves}) == [10, 20, 30, 40]
+    assert all(step > 20 for i, step in saves if i > restart)  # the resumed run did not save step 20 again
+    ckpt = os.path.join(run_dir, "checkpoints")
+    assert sorted(os.listdir(ckpt)) == ["iter_0000010", "iter_0000020", "iter_0000030", "iter_0000040",
+                                        "latest_checkpointed_iteration.txt"]
+    assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip() == "40"
+    for step in (10, 20, 30, 40):
+        common = torch.load(os.path.join(ckpt, f"iter_{step:07d}", "common.pt"), weights_only=False)
+        assert (common["step"], common["consumed_samples"]) == (step, step * 8)
+    with open(os.path.join(run_dir, "stop_reason.json")) as f:
+        stop = json.load(f)
+    assert {k: stop.get(k) for k in ("reason", "step", "exit_code", "finished", "checkpoint_step", "lost_steps")} == {
+        "reason": "finished", "step": 40, "exit_code": 0, "finished": True, "checkpoint_step": 40, "lost_steps": 0}
 
 
 def _console_blocks(markdown: str) -> list[tuple[str, list[str]]]:
@@ -96,7 +132,6 @@ def test_cli_walkthrough_commands_print_what_the_walkthrough_shows(tmp_path, mon
     other commands run in bash.
     """
     from nemo_run.config import get_nemorun_home, set_nemorun_home
-
     from test_cli import nemo
 
     blocks = _console_blocks(open(os.path.join(EXAMPLES, "cli.md")).read())
@@ -113,7 +148,7 @@ def test_cli_walkthrough_commands_print_what_the_walkthrough_shows(tmp_path, mon
             if command.startswith(prefix):
                 code, out, err = nemo(*shlex.split(command[len(prefix):]))
             else:
-                proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=env)
+                proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=900, env=env)
                 code, out, err = proc.returncode, proc.stdout, proc.stderr
             assert code == (1 if fails else 0), f"{command}\n{out[-3000:]}\n{err[-3000:]}"
             _assert_lines_in_order(expected, out + ("\n" + err if fails else ""), command)

@@ -28,13 +28,21 @@ def test_round_trip_is_exact():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run_dir=/r", "train.maxsteps=1"], "train.maxsteps: unknown key; valid keys in train: train.max_steps, "),
-    (["run_dir=/r", "trian.max_steps=1"], "trian.max_steps: unknown key; valid keys: run_dir, model.num_layers"),
+    (["run_dir=/r", "train.maxsteps=1"],
+     "train.maxsteps: unknown key; did you mean train.max_steps? valid keys in train: train.max_steps, "),
+    (["run_dir=/r", "trian.max_steps=1"], "trian.max_steps: unknown key; did you mean train.max_steps? sections: "
+                                          "run_dir, model, parallel, data, optim, train, checkpoint, ft, straggler, "
+                                          "rerun (every key: python -m megatron_resilience --help)"),
+    (["run_dir=/r", "model.layers=2"], "model.layers: unknown key; did you mean model.num_layers? valid keys in model"),
+    (["run_dir=/r", "optim.warmup=2"], "optim.warmup: unknown key; valid keys in optim: optim.optimizer, optim.lr,"),
+    (["run_dir=/r", "ft.mode=sections", "train.exit_duration_in_mins=inf"],
+     "train.exit_duration_in_mins: must be a finite number, got inf"),
     (["run_dir=/r", "train.max_steps=ten"], "train.max_steps: must be an integer, got 'ten'"),
     (["run_dir=/r", "ft.enabled=maybe"], "ft.enabled: must be true or false, got 'maybe'"),
     (["run_dir=/r", "train.max_steps"], "'train.max_steps': expected key=value"),
     (["train.max_steps=3"], "run_dir: required"),
-    (["run_dir=/r", "train=5"], "train: unknown key; valid keys: run_dir, model.num_layers"),
+    (["run_dir=/r", "train=5"], "train: unknown key (train is a section: name one of its fields); valid keys in "
+                                "train: train.max_steps, "),
     (["run_dir=/r", "rerun.rerun_mode=sometimes"],
      "rerun.rerun_mode: must be one of ['disabled', 'validate_results', 'report_stats'], got 'sometimes'"),
 ])
@@ -47,4 +55,6 @@ def test_command_line_rejects_bad_key_before_importing_torch():
     out = subprocess.run([sys.executable, "-m", "megatron_resilience", "run_dir=/tmp/r", "train.max_step=3"],
                          capture_output=True, text=True)
     assert out.returncode == 1
-    assert out.stderr.startswith("megatron_resilience: train.max_step: unknown key; valid keys in train:")
+    assert out.stderr.startswith("megatron_resilience: train.max_step: unknown key; did you mean train.max_steps? "
+                                 "valid keys in train:")
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr

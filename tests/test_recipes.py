@@ -9,12 +9,25 @@ import fiddle as fdl
 import pytest
 
 from megatron_resilience.config import (
-    CheckpointConfig, ConfigError, FaultToleranceConfig, ModelConfig, PretrainConfig, RerunConfig, StragglerConfig,
+    CheckpointConfig,
+    ConfigError,
+    FaultToleranceConfig,
+    ModelConfig,
+    PretrainConfig,
+    RerunConfig,
+    StragglerConfig,
     TrainingConfig,
 )
 from megatron_resilience.entry import pretrain
 from megatron_resilience.recipes import (
-    RECIPES, apply_overrides, gpt_1_3b, gpt_7b, gpt_126m, gpt_tiny, to_config, validate,
+    RECIPES,
+    apply_overrides,
+    gpt_1_3b,
+    gpt_7b,
+    gpt_126m,
+    gpt_tiny,
+    to_config,
+    validate,
 )
 
 # name -> (layers, hidden, heads, vocab, seq, TP, PP, micro-batch, global batch at 1x8 GPUs, lr)
@@ -132,7 +145,8 @@ def test_world_size_is_checked_against_tensor_and_pipeline_parallel(tmp_path):
 def test_fdl_build_runs_the_dataclass_validation(tmp_path):
     task = gpt_tiny(dir=str(tmp_path))
     task.model.hidden_size = 66
-    with pytest.raises(ConfigError, match=r"^model.hidden_size: must be divisible by model.num_attention_heads=4, got 66\n"):
+    expected = r"^model.hidden_size: must be divisible by model.num_attention_heads=4, got 66\n"
+    with pytest.raises(ConfigError, match=expected):
         fdl.build(task)  # Fiddle appends where it failed
     with pytest.raises(ConfigError) as err:
         to_config(task)

@@ -16,7 +16,10 @@ from megatron_resilience.runtime import checkpoint_state
 @pytest.fixture
 def machine():
     from megatron.core.rerun_state_machine import (
-        RerunMode, destroy_rerun_state_machine, get_rerun_state_machine, initialize_rerun_state_machine,
+        RerunMode,
+        destroy_rerun_state_machine,
+        get_rerun_state_machine,
+        initialize_rerun_state_machine,
     )
 
     initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)

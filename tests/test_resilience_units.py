@@ -100,10 +100,13 @@ def test_hooks_signal_stop_reason_single_process(tmp_path):
     os.kill(os.getpid(), signal.SIGUSR1)
     state.step = 2
     assert hooks.after_step(state) == "signal"
-    hooks.on_exit(state, "signal")
+    hooks.on_exit(state, "signal", checkpoint_step=2, checkpoint_at_stop="saved")
     assert signal.getsignal(signal.SIGUSR1) == old  # restored
-    assert json.loads((tmp_path / "stop_reason.json").read_text()) == {
-        "reason": "signal", "step": 2, "exit_code": 0, "finished": False}
+    stop = json.loads((tmp_path / "stop_reason.json").read_text())
+    assert stop == {"reason": "signal", "step": 2, "exit_code": 0, "finished": False, "checkpoint_step": 2,
+                    "lost_steps": 0, "checkpoint_at_stop": "saved", "signal": stop["signal"]}
+    assert {k: v for k, v in stop["signal"].items() if k != "received_time"} == {
+        "signal": "SIGUSR1", "received_during": "setup", "count": 1}
 
 
 def test_finished_flag_only_for_finished_and_17(tmp_path, monkeypatch):

@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 FAKE_CUPTI = Path(__file__).resolve().parent / "fake_cupti"
 
-# Generous except where a test measures detection: 2 cores run several launches at once.
-DEFAULT_TIMEOUTS = {"setup": 180.0, "step": 60.0, "checkpointing": 60.0, "out_of_section": 90.0}
+# Generous except where a test injects a hang: 2 cores run several launches at once, and on a machine shared with
+# other suites (load average 240 seen) setup took 110 s, steps 4 s and a process's first save over 60 s.
+DEFAULT_TIMEOUTS = {"setup": 600.0, "step": 300.0, "checkpointing": 300.0, "out_of_section": 600.0}
 
 
 @dataclass
@@ -62,10 +63,13 @@ class Run:
     def stop_reason(self) -> dict:
         return json.loads((self.run_dir / "stop_reason.json").read_text())
 
+    def records(self) -> list[dict]:
+        """Every record of metrics.jsonl, in file order."""
+        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
+                if line.strip()]
+
     def train_records(self, *, last_per_step: bool = True) -> list[dict]:
-        records = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
-                   if line.strip()]
-        train = [r for r in records if r.get("kind") == "train"]
+        train = [r for r in self.records() if r.get("kind") == "train"]
         if not last_per_step:
             return train
         by_step = {r["step"]: r for r in train}
@@ -113,13 +117,13 @@ def write_ft_yaml(path: Path, timeouts: dict[str, float], *, safety_factor: floa
 
 def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeouts: dict | None = None,
            safety_factor: float = 5.0, fake_cupti: bool = False, heartbeats: tuple[float, float] | None = None,
-           module: str = "megatron_resilience") -> Run:
+           module: str = "megatron_resilience", env: dict[str, str] | None = None) -> Run:
     """Start ``ft_launcher --nproc-per-node=2 ... -m megatron_resilience run_dir=... <overrides>`` (not waiting)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor, heartbeats=heartbeats)
     env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", **(env or {}))
     if fake_cupti:
         env["PYTHONPATH"] = os.pathsep.join([str(FAKE_CUPTI), env.get("PYTHONPATH", "")])
     cmd = [str(VENV_BIN / "ft_launcher"), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",

@@ -1,10 +1,13 @@
-"""The repo's single-node Slurm cluster, for tests and the example notebook.
+"""The repo's local Slurm clusters, for tests and the example notebook.
 
 ``start_cluster()`` runs ``scripts/slurm/start.sh`` (installs Debian's Slurm, munge, slurmdbd and a
 private MariaDB when missing; reuses a running healthy cluster in well under a second) and returns
 a ``SlurmCluster`` with what a NeMo-Run ``SlurmExecutor`` needs to submit to it through a
-``LocalTunnel``. The ``slurm_cluster`` fixture does the same once per session; other test modules
-get it with ``from slurm.cluster import slurm_cluster  # noqa: F401`` (``tests/`` is on sys.path).
+``LocalTunnel``, and its node names. The ``slurm_cluster`` fixture does the same once per session for
+the default cluster (``MR_SLURM_INSTANCE`` in the environment picks another, e.g. ``multinode``); other
+test modules get it with ``from slurm.cluster import slurm_cluster  # noqa: F401`` (``tests/`` is on
+sys.path). ``multinode_cluster`` is the default cluster when it has two or more nodes, else the private
+multi-node instance (``scripts/slurm/multinode.env``) started beside it.
 
 Helpers here read Slurm's own records (``scontrol``, ``sacct``): tests count attempts and states
 from the scheduler, not from our logs.
@@ -12,12 +15,13 @@ from the scheduler, not from our logs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -35,13 +39,18 @@ class SlurmCluster:
     cluster: str
     partition: str
     state_dir: str
-    slurm_conf: str
+    slurm_conf: str  # client tools find the cluster through SLURM_CONF=slurm_conf (in ``env``)
+    nodes: tuple[str, ...] = ("localhost",)  # the default partition's nodes
+    # Nodes only ``fault_partition`` reaches (it spans every node): no job of the default partition runs there,
+    # so a test may take one DOWN. Empty (and fault_partition None) on a cluster without reserved nodes.
+    fault_partition: str | None = None
+    fault_nodes: tuple[str, ...] = ()
     account: str = ACCOUNT
     # Environment for submitting: the venv's bin first on PATH, so the job's srun/torchrun/ft_launcher/python
     # are this checkout's (sbatch exports the submitter's environment to the job).
     env: dict[str, str] = field(default_factory=dict)
 
-    def executor(self, *, time: str = "00:05:00", ntasks_per_node: int = 1, launcher: Any = None,
+    def executor(self, *, time: str = "00:05:00", nodes: int = 1, ntasks_per_node: int = 1, launcher: Any = None,
                  job_dir: str = "", env_vars: dict[str, str] | None = None, **kwargs: Any) -> Any:
         """A ``run.SlurmExecutor`` for this cluster (``run.Packager()``: jobs import this checkout).
 
@@ -53,7 +62,7 @@ class SlurmCluster:
 
         run = import_nemo_run()
         return run.SlurmExecutor(
-            account=self.account, partition=self.partition, nodes=1, ntasks_per_node=ntasks_per_node, time=time,
+            account=self.account, partition=self.partition, nodes=nodes, ntasks_per_node=ntasks_per_node, time=time,
             launcher=launcher, tunnel=run.LocalTunnel(job_dir=job_dir), packager=run.Packager(),
             env_vars={"OMP_NUM_THREADS": "1", **(env_vars or {})}, **kwargs)
 
@@ -66,24 +75,63 @@ def venv_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_cluster() -> SlurmCluster:
-    """Install (if needed) and start (if not running) the cluster; raise with the scripts' output on failure."""
-    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "start.sh")], capture_output=True, text=True, timeout=900)
+def start_cluster(instance: str | None = None) -> SlurmCluster:
+    """Install (if needed) and start (if not running) a cluster; raise with the scripts' output on failure.
+
+    ``instance``: a preset in ``scripts/slurm/`` (``"multinode"``); None: ``MR_SLURM_INSTANCE`` of the
+    environment, else the default cluster.
+    """
+    env = dict(os.environ)
+    if instance is not None:
+        env = {k: v for k, v in env.items() if not k.startswith("MR_SLURM_")}  # the preset's values, not ours
+        env["MR_SLURM_INSTANCE"] = instance
+    proc = subprocess.run(["bash", os.path.join(SCRIPTS, "start.sh")], capture_output=True, text=True, timeout=900,
+                          env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/slurm/start.sh failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     info = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(n for n in info.get(key, "").split(",") if n)
+
     return SlurmCluster(cluster=info["cluster"], partition=info["partition"], state_dir=info["state_dir"],
-                        slurm_conf=info["slurm_conf"], env=venv_env())
+                        slurm_conf=info["slurm_conf"], nodes=names("nodes"),
+                        fault_partition=info.get("fault_partition"), fault_nodes=names("fault_nodes"),
+                        env={**venv_env(), "SLURM_CONF": info["slurm_conf"]})
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
     """The running local cluster (started once per session; left running for the next session: stop it with
     ``scripts/slurm/stop.sh``). The process PATH gets the venv's bin first, so jobs submitted from this
-    process run this checkout's python, torchrun and ft_launcher."""
+    process run this checkout's python, torchrun and ft_launcher; SLURM_CONF points sbatch, sacct and
+    scontrol (also nemo_run's calls) at this cluster."""
     cluster = start_cluster()
     os.environ["PATH"] = cluster.env["PATH"]
+    os.environ["SLURM_CONF"] = cluster.slurm_conf
     return cluster
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    """A cluster with two or more nodes: the default one if it has them, else the private ``multinode``
+    instance (its own config, state, ports and daemons, beside the default cluster; left running).
+
+    A module that submits to it must point SLURM_CONF there while it runs (``use_cluster``): nemo_run's
+    sbatch and sacct calls and the helpers below read the process environment.
+    """
+    if len(slurm_cluster.nodes) >= 2:
+        return slurm_cluster
+    return start_cluster("multinode")
+
+
+@contextlib.contextmanager
+def use_cluster(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """Point this process's Slurm client calls (and jobs submitted from it) at ``cluster`` inside the block."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", cluster.slurm_conf)
+        patch.setenv("PATH", cluster.env["PATH"])
+        yield cluster
 
 
 # --- Slurm's records ------------------------------------------------------------------------------------------

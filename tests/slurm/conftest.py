@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from slurm.cluster import SlurmCluster, slurm_cluster  # noqa: F401  (fixture)
+from slurm.cluster import SlurmCluster, multinode_cluster, slurm_cluster  # noqa: F401,F811  (fixtures)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,7 +33,7 @@ def slurm_tmp() -> str:
 
 
 @pytest.fixture(scope="session")
-def nemorun_home(slurm_tmp, slurm_cluster: SlurmCluster) -> str:
+def nemorun_home(slurm_tmp, slurm_cluster: SlurmCluster) -> str:  # noqa: F811  (the fixture above)
     """A private NEMORUN_HOME for the session, so tests never touch the user's ~/.nemo_run.
 
     nemo_run reads NEMORUN_HOME once at import (and derives its job-directory registry from it then), and

@@ -23,8 +23,9 @@ def test_start_is_idempotent_and_reuses_the_running_cluster(slurm_cluster):
     assert f"cluster={slurm_cluster.cluster}" in proc.stdout.splitlines()
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
     assert "proctrack/cgroup" in out and "accounting_storage/slurmdbd" in out
-    node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %T"], capture_output=True, text=True, check=True).stdout
-    assert node.split()[:2] == ["localhost", "16"]
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", slurm_cluster.partition, "-o", "%N %c"], capture_output=True,
+                         text=True, check=True).stdout
+    assert sorted(set(out.splitlines())) == [f"{node} 16" for node in sorted(slurm_cluster.nodes)]
 
 
 def test_nemo_run_slurm_executor_runs_a_job_to_completed(slurm_cluster, nemorun_home):
@@ -33,7 +34,7 @@ def test_nemo_run_slurm_executor_runs_a_job_to_completed(slurm_cluster, nemorun_
     run = import_nemo_run()
     executor = slurm_cluster.executor(time="00:02:00")
     task = run.Script(inline='echo "hello from $SLURM_JOB_ID on $(hostname -s) restart=${SLURM_RESTART_COUNT:-0}"\n'
-                             'grep -o "freezer:.*" /proc/self/cgroup')
+                             'echo "node=$SLURMD_NODENAME"\ngrep -o "freezer:.*" /proc/self/cgroup')
     with run.Experiment("smoke", executor=executor) as exp:
         exp.add(task, name="hello")
         exp.run(detach=True)
@@ -45,6 +46,9 @@ def test_nemo_run_slurm_executor_runs_a_job_to_completed(slurm_cluster, nemorun_
     (log,) = glob.glob(os.path.join(nemorun_home, "experiments", "smoke", "smoke_*", "hello", f"log-*_{job_id}_0.out"))
     text = open(log).read()
     assert f"hello from {job_id} on " in text and "restart=0" in text
-    # proctrack/cgroup: the step runs in its job's freezer cgroup (step 0 is nemo_run's `srun hostname`).
-    assert f"freezer:/slurm_localhost/uid_0/job_{job_id}/step_1" in text
+    # proctrack/cgroup: the step runs in its job's freezer cgroup under its node's slurmd (/slurm_<node>; step 0 is
+    # nemo_run's `srun hostname`).
+    (node,) = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("node=")]
+    assert node in slurm_cluster.nodes
+    assert f"freezer:/slurm_{node}/uid_0/job_{job_id}/step_1" in text
     assert job_info(job_id)["Partition"] == slurm_cluster.partition

@@ -3,9 +3,9 @@ libcupti and cannot load on this CPU-only machine. Only this extension is replac
 report generation, scoring and our integration run unchanged.
 
 CUPTI times the GPU kernels a rank runs between ``start()`` and ``stop()``. On CPU the closest honest measure
-of "this rank's own compute" is the CPU time of the profiling (main) thread over the same window: time spent blocked in a gloo
-collective waiting for a slower peer is not CPU time, just as waiting is not kernel time on a GPU. It is
-reported as one "kernel" so the Detector's GPU performance scores are computed from it.
+of "this rank's own compute" is the CPU time of the profiling (main) thread over the same window: time spent
+blocked in a gloo collective waiting for a slower peer is not CPU time, just as waiting is not kernel time on a
+GPU. It is reported as one "kernel" so the Detector's GPU performance scores are computed from it.
 """
 
 import statistics

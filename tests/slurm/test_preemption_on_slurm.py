@@ -1,0 +1,264 @@
+"""Issue 11: a preemption signal at any moment, on a saturated node, never costs the job (real Slurm).
+
+Every job is the ``gpt_tiny`` recipe on 2 CPU ranks, submitted through NeMo-Run's ``SlurmExecutor`` with our
+plugins, with the machine's cores kept busy by ``tests/loadgen.py`` for the whole module. A watcher thread per
+job aims ``scancel -s SIGTERM`` (what ``--signal`` does, without waiting for a time limit) at one moment per
+Slurm attempt, found from the trainer's own log lines in that attempt's log:
+
+- ``setup`` (torchrun): attempt 0 during setup (after torch.distributed is up: every rank has its handler);
+  attempt 1 inside a step (step 5, before the first periodic save: the save at the signal is the process's
+  first save, the form that failed in CI); attempt 2 runs to the end.
+- ``save`` (torchrun): attempt 0 inside the first periodic save (``checkpoint.simulated_slow_save``: step 10's
+  save waits 20 s before its commit); attempt 1 twice in a row at step 15; attempt 2 runs to the end.
+- ``ft`` (ft_launcher, FaultTolerancePlugin): attempt 0 rank 1 killed at step 15, then the signal during
+  ft_launcher's restart of the workers; attempt 1 inside a step (step 25); attempt 2 runs to the end.
+- ``late`` (torchrun, ``preempt_time=10``): attempt 0 the save at the signal (step 12) takes 30 s, torchrun kills
+  the ranks after 10 s; attempt 1 runs to the end.
+
+Each job must end COMPLETED after exactly those requeues, every attempt resuming from the newest complete
+checkpoint, with per-step losses equal to an uninterrupted run for every step (a step redone after a lost
+save keeps its last value, which must be equal too), the signal on record (log line per rank, ``signal``
+record), and for ``late`` the lost steps reported in the stop_reason.json the requeue decision read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+
+import pytest
+from loadgen import saturated
+
+from megatron_resilience.upstream import import_nemo_run, installed_versions
+from slurm.cluster import wait_for_job
+from slurm.jobs import Job, scancel_signal, submit, wait_until
+
+run = import_nemo_run()
+
+from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
+from megatron_resilience.recipes import RECIPES  # noqa: E402
+
+STEPS = 40
+LOAD_SECONDS = 1800  # the load generator's bound: it stops by itself even if this process dies
+
+
+PREEMPTED_REQUEUE = "decision (nemo_run): requeue: preempted: not a failure, requeued without spending a retry"
+
+
+def tiny(root: str, name: str, **edits):
+    """``gpt_tiny`` on 2 ranks, 40 steps, a checkpoint every 10 steps; ``section__field=value`` edits."""
+    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=1, num_gpus_per_node=2)
+    task.train.max_steps = STEPS
+    task.checkpoint.save_interval = 10
+    for key, value in edits.items():
+        section, field = key.split("__")
+        setattr(getattr(task, section), field, value)
+    return task
+
+
+# --- aiming the signal --------------------------------------------------------------------------------------------
+
+
+def attempt_log(job: Job, restart: int) -> str:
+    """The job step's log of Slurm attempt ``restart`` (launcher and both ranks), '' while it does not exist."""
+    names = [p for p in os.listdir(job.job_dir) if p.startswith("log-") and p.endswith(f"_{restart}.out")]
+    return open(os.path.join(job.job_dir, names[0]), errors="replace").read() if names else ""
+
+
+def last_step_logged(text: str) -> int:
+    return max((int(m) for m in re.findall(rf"step (\d+)/{STEPS} \| loss", text)), default=0)
+
+
+class Aim:
+    """One signal per attempt: ``(restart, predicate(log text) -> bool, how many signals)``."""
+
+    def __init__(self, job: Job, plan: list[tuple[int, callable, int]]) -> None:
+        self.job, self.plan = job, plan
+        self.sent: list[tuple[int, float]] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"aim-{job.name}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for restart, ready, count in self.plan:
+                wait_until(lambda: ready(attempt_log(self.job, restart)), timeout=1500, interval=0.1,
+                           what=f"{self.job.name}: the moment to signal attempt {restart}")
+                for _ in range(count):
+                    self.sent.append((restart, scancel_signal(self.job)))
+                    time.sleep(0.3)
+        except BaseException as err:  # noqa: BLE001 - reported by the tests
+            self.error = err
+
+
+def at_step(step: int):
+    return lambda text: last_step_logged(text) >= step
+
+
+def contains(marker: str):
+    return lambda text: marker in text
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, nemorun_home, slurm_tmp):
+    root = os.path.join(slurm_tmp, "preemption")
+    js: dict[str, Job] = {}
+    aims: dict[str, Aim] = {}
+
+    def partial(name, plugins, launcher="torchrun", **edits):
+        task = tiny(root, name, **edits)
+        executor = slurm_cluster.executor(time="00:30:00", ntasks_per_node=2, launcher=launcher)
+        js[name] = submit(name, task, executor, plugins, run_dir=task.run_dir)
+
+    t0 = time.monotonic()
+    with saturated(seconds=LOAD_SECONDS):
+        partial("ref", [])
+        partial("setup", [PreemptionPlugin(preempt_time=60)])
+        partial("save", [PreemptionPlugin(preempt_time=60)], checkpoint__simulated_slow_save=20.0)
+        partial("ft", [FaultTolerancePlugin(num_in_job_restarts=2, num_job_retries_on_failure=2),
+                       PreemptionPlugin(preempt_time=60)], launcher=None,
+                ft__simulate_fault=True, ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
+                ft__simulated_fault_step=15)
+        partial("late", [PreemptionPlugin(preempt_time=10)], checkpoint__simulated_slow_save=30.0)
+        # "distributed: ..." (rank 0, after init_process_group): every rank is in setup, past its handler install.
+        aims["setup"] = Aim(js["setup"], [(0, contains("distributed: world_size="), 1),
+                                          (1, at_step(5), 1)])
+        aims["save"] = Aim(js["save"], [(0, contains("the save of step 10 waits"), 1), (1, at_step(15), 2)])
+        # ft_launcher restarts the workers after the kill: the second "distributed:" line is the restarted group's.
+        aims["ft"] = Aim(js["ft"], [(0, lambda text: text.count("distributed: world_size=") >= 2, 1),
+                                    (1, at_step(25), 1)])
+        aims["late"] = Aim(js["late"], [(0, at_step(12), 1)])
+        finals = {name: wait_for_job(job.slurm_id, timeout=2400) for name, job in js.items()}
+    for aim in aims.values():
+        aim.thread.join(timeout=10)
+    print(f"\nSlurm preemption jobs done in {time.monotonic() - t0:.0f} s")
+    return {"jobs": js, "finals": finals, "aims": aims}
+
+
+# --- what every job must show -------------------------------------------------------------------------------------
+
+
+def _signal_records(job: Job) -> list[dict]:
+    return [r for r in job.records() if r.get("kind") == "signal"]
+
+
+def _checkpoints(job: Job) -> list[dict]:
+    return [r for r in job.records() if r.get("kind") == "checkpoint"]
+
+
+def _starts(job: Job) -> list[dict]:
+    return [r for r in job.records() if r.get("kind") == "start"]
+
+
+def _assert_completed_after(job: Job, finals: dict, aims: dict, requeues: int) -> None:
+    aim = aims[job.name]
+    assert aim.error is None, f"{aim.error!r}\n{job.describe()}"
+    info = finals[job.name]
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", str(requeues)), \
+        job.describe()
+    assert [a["State"] for a in job.attempts()] == ["REQUEUED"] * requeues + ["COMPLETED"], job.describe()
+    stop = job.stop_reason()
+    assert (stop["reason"], stop["step"], stop["finished"], stop["checkpoint_step"], stop["lost_steps"]) == (
+        "finished", STEPS, True, STEPS, 0), job.describe()
+
+
+def _assert_same_losses(job: Job, ref: Job) -> None:
+    expected = ref.losses()
+    assert sorted(expected) == list(range(1, STEPS + 1)), ref.describe()
+    assert job.losses() == expected, job.describe()  # every step, bitwise; re-run steps keep their last value
+
+
+def _assert_ranks_logged_the_signal(text: str, times: int = 1) -> None:
+    for rank in (0, 1):
+        lines = re.findall(rf"\[rank {rank}\] megatron_resilience\.resilience\.preemption: received SIGTERM at "
+                           r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \(phase: ", text)
+        assert len(lines) == times, text[-6000:]
+
+
+def test_jobs_ran_on_this_lanes_upstream_versions(jobs):
+    """The newest lane's PYTHONPATH reaches the jobs (sbatch exports the submitter's environment)."""
+    starts = _starts(jobs["jobs"]["ref"])
+    assert starts and starts[0]["versions"] == installed_versions(), starts
+
+
+def test_signal_during_setup_then_inside_a_step_before_the_first_save(jobs):
+    js, finals = jobs["jobs"], jobs["finals"]
+    job = js["setup"]
+    _assert_completed_after(job, finals, jobs["aims"], requeues=2)
+    first, second = attempt_log(job, 0), attempt_log(job, 1)
+    # Attempt 0: every rank left during setup, at once, exit 0; the requeue decision read that stop_reason.
+    assert first.count("nothing trained yet, exiting 0") == 2 and "forcefully exiting" not in first, job.describe()
+    _assert_ranks_logged_the_signal(first)
+    setup_signal, step_signal = _signal_records(job)
+    assert (setup_signal["received_during"], setup_signal["before_training"]) == ("setup", True), job.describe()
+    # Attempt 1: the signal inside a step before the first periodic save (the CI failure of issue 11): the save
+    # at the signal is this process's first save, and it is durable before the exit.
+    _assert_ranks_logged_the_signal(second)
+    stopped = step_signal["step"]
+    assert 5 <= stopped < 10 and step_signal["received_during"].startswith(("step", "after step")), step_signal
+    at_signal = [c for c in _checkpoints(job) if c["step"] == stopped]
+    assert [(c["reason"], c["first_in_process"]) for c in at_signal] == [("signal", True)], job.describe()
+    assert [(s["step"], s["attempt"]["slurm_restart"]) for s in _starts(job)] == [(0, 1), (stopped, 2)]
+    assert job.log().count(PREEMPTED_REQUEUE) == 2, job.describe()  # the job-level decision, twice
+    _assert_same_losses(job, js["ref"])
+
+
+def test_signal_inside_the_first_periodic_save_then_twice_in_a_row(jobs):
+    js, finals = jobs["jobs"], jobs["finals"]
+    job = js["save"]
+    _assert_completed_after(job, finals, jobs["aims"], requeues=2)
+    in_save, twice = _signal_records(job)
+    # Attempt 0: the signal came while step 10's save (the process's first) was being written: that save
+    # completes, and the run stops right after it ("already saved"), resuming from step 10.
+    assert in_save["received_during"] == "checkpoint save of step 10" and in_save["step"] == 10, in_save
+    assert [(s["step"], s["attempt"]["slurm_restart"]) for s in _starts(job)][:2] == [(0, 0), (10, 1)], \
+        job.describe()
+    # Attempt 1: two signals in a row: one stop, one checkpoint, both logged.
+    second = attempt_log(job, 1)
+    assert "received SIGTERM 2 times" in second or twice["count"] == 2, second[-6000:]
+    assert [s["step"] for s in _starts(job)][2] == twice["step"], job.describe()
+    assert twice["step"] in [c["step"] for c in _checkpoints(job)], job.describe()
+    _assert_same_losses(job, js["ref"])
+
+
+def test_signal_during_a_restart_by_ft_launcher_then_inside_a_step(jobs):
+    js, finals = jobs["jobs"], jobs["finals"]
+    job = js["ft"]
+    _assert_completed_after(job, finals, jobs["aims"], requeues=2)
+    first = attempt_log(job, 0)
+    assert "SIMULATED FAULT" in first and "rank_killed on rank 1" in first, job.describe()
+    # The restarted workers got the signal during their setup and left at once, exit 0: ft_launcher exits 0.
+    assert first.count("nothing trained yet, exiting 0") == 2, first[-6000:]
+    during_restart, in_step = _signal_records(job)
+    assert during_restart["before_training"] and during_restart["received_during"] == "setup", during_restart
+    starts = [(s["step"], s["attempt"]["slurm_restart"], s["attempt"]["in_job_restart"]) for s in _starts(job)]
+    assert starts[0] == (0, 0, 0) and starts[1] == (10, 1, 0), job.describe()
+    assert starts[2] == (in_step["step"], 2, 0) and in_step["step"] >= 25, job.describe()
+    # Each requeue was a success in nemo_run's FT bookkeeping: no failure retry spent on a preemption.
+    (results,) = [os.path.join(job.job_dir, p) for p in os.listdir(job.job_dir) if p.endswith("_job_results")]
+    assert open(results).read().split() == [job.slurm_id, "0", "S", job.slurm_id, "1", "S", job.slurm_id, "2",
+                                            "S"], job.describe()
+    _assert_same_losses(job, js["ref"])
+
+
+def test_save_at_the_signal_that_cannot_finish_still_requeues_and_reports_the_lost_steps(jobs):
+    js, finals = jobs["jobs"], jobs["finals"]
+    job = js["late"]
+    _assert_completed_after(job, finals, jobs["aims"], requeues=1)
+    first = attempt_log(job, 0)
+    assert "forcefully exiting via 9" in first, first[-6000:]  # torchrun killed the ranks mid-save
+    # The job-level decision read the stop_reason.json written before the cut-off save ("stopped by the signal").
+    assert job.log().count(PREEMPTED_REQUEUE) == 1, job.describe()
+    with open(os.path.join(job.run_dir, "job_ledger.jsonl")) as f:
+        first = next(r for r in map(json.loads, f) if r["kind"] == "attempt")
+    cls = first["classification"]
+    assert (cls["error_type"], cls["source"], cls["fields"]["reason"], first["decision"]["action"],
+            first["checkpoint_step"]) == ("preempted", "stop_reason", "signal", "requeue", 10), first
+    stopped = int(cls["fields"]["step"])
+    assert stopped >= 12
+    assert [(s["step"], s["resumed_from"]) for s in _starts(job)] == [(0, None), (10, 10)], job.describe()
+    assert f"skipping {job.run_dir}/checkpoints/iter_{stopped:07d}.tmp" in attempt_log(job, 1), job.describe()
+    _assert_same_losses(job, js["ref"])

@@ -1,0 +1,235 @@
+"""The classifier and every preset policy against a corpus of realistic logs (tests/joblevel_corpus/).
+
+Each case lays its logs out as a real attempt leaves them in nemo_run's job directory (the job step's
+``log-*_<job>_<restart>.out`` and the batch script's ``sbatch_*_<job>.out``), with the trainer's
+``stop_reason.json`` when it wrote one, and runs the same code the batch script's EXIT trap and the
+watcher run (``attempts.end_attempt``). Asserted exactly: the error type, what decided it, the
+extracted fields/hosts, and each preset's decision (and nemo_run's rule without a policy) for a
+first attempt. The "must not trigger" cases are healthy or handled output: they must never yield
+an error signal. The Slurm node list is given (no sinfo here), so exclusions are decided as on a
+four-node partition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from megatron_resilience.jobs import monitors as mon
+from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.decision import Cluster
+from megatron_resilience.jobs.evidence import read_tail
+from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
+from megatron_resilience.jobs.ledger import Ledger
+
+CORPUS = os.path.join(os.path.dirname(__file__), "joblevel_corpus")
+PRESETS = ("default", "megatron_transient", "megatron_aggressive", "megatron_conservative")
+
+FINISHED = {"reason": "finished", "step": 100, "exit_code": 0, "finished": True}
+SIGNAL = {"reason": "signal", "step": 31, "exit_code": 0, "finished": False}
+
+
+def case(step=None, batch=None, *, exit_code, nodes=("node-01",), stop_reason=None, state=None, flag=False,
+         expect, decisions):
+    return dict(step=step, batch=batch, exit_code=exit_code, nodes=list(nodes), stop_reason=stop_reason,
+                state=state, flag=flag, expect=expect, decisions=decisions)
+
+
+# decisions: (default, megatron_transient, megatron_aggressive, megatron_conservative, nemo_run rule with FT)
+#   "stop"; "requeue" (spends the error type's mode); "free" (requeued, nothing spent); "x:<nodes>" (requeued,
+#   these nodes excluded)
+CASES = {
+    # --- must not trigger: healthy and handled output ---------------------------------------------------------
+    "healthy_megatron_finished": case(
+        "healthy_megatron.log", exit_code=0, stop_reason=FINISHED, flag=True,
+        expect={"error_type": "finished", "source": "stop_reason"},
+        decisions=("stop", "stop", "stop", "stop", "stop")),
+    "healthy_megatron_killed": case(  # the same healthy log; the attempt was SIGKILLed with nothing said
+        "healthy_megatron.log", exit_code=137,
+        expect={"error_type": "killed", "source": "exit_code", "signal": "SIGKILL"},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "healthy_ours_ft_finished": case(
+        "healthy_ours_ft.log", exit_code=0, stop_reason=FINISHED, flag=True,
+        expect={"error_type": "finished", "source": "stop_reason"},
+        decisions=("stop", "stop", "stop", "stop", "stop")),
+    "handled_errors_then_killed": case(  # logged-and-handled OOM/Gloo/NCCL WARN/NVML, then SIGKILL
+        "handled_errors.log", exit_code=137,
+        expect={"error_type": "killed", "source": "exit_code", "signal": "SIGKILL"},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "truncated_oom_line": case(  # "CUDA out of mem" cut off mid-line by the kill: not an OOM
+        "truncated_step.log", exit_code=1,
+        expect={"error_type": "unknown", "source": "exit_code"},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    # --- the trainer's own verdicts ---------------------------------------------------------------------------
+    "preempted_saved": case(  # torchrun exits 1 after forwarding SIGTERM; stop_reason says signal, exit 0
+        "preempted_saved.log", exit_code=1, stop_reason=SIGNAL,
+        expect={"error_type": "preempted", "source": "stop_reason"},
+        decisions=("free", "free", "free", "free", "free")),
+    "preempted_save_cut_short": case(  # SIGTERM, the save never finished, ranks killed: still a preemption
+        "preempted_save_cut_short.log", exit_code=1,
+        expect={"error_type": "preempted", "source": "log", "signal": "SIGTERM", "fields": {"step": "6"}},
+        decisions=("free", "free", "free", "free", "free")),
+    "rerun_16": case(
+        "rerun_16.log", exit_code=16, nodes=("nid004410",), stop_reason={"reason": "rerun:16", "step": 811,
+                                                                          "exit_code": 16, "finished": False},
+        expect={"error_type": "rerun_resume", "source": "stop_reason", "hosts": ["nid004410"]},
+        decisions=("x:nid004410", "x:nid004410", "x:nid004410", "x:nid004410", "requeue")),
+    "rerun_17": case(
+        None, exit_code=17, flag=True, stop_reason={"reason": "rerun:17", "step": 12, "exit_code": 17,
+                                                    "finished": False},
+        expect={"error_type": "rerun_failed_validation", "source": "stop_reason"},
+        decisions=("stop", "stop", "stop", "stop", "stop")),
+    "nvrx_no_restart_93": case(
+        "nvrx_no_restart.log", exit_code=93,
+        expect={"error_type": "do_not_restart", "source": "nvrx", "fields": {"reason": "no_progress"}},
+        decisions=("stop", "stop", "stop", "stop", "stop")),
+    # --- Slurm's record ---------------------------------------------------------------------------------------
+    "user_cancel_after_saving": case(  # scancel: SIGTERM reached the trainer, which saved: still a person's stop
+        "preempted_saved.log", "user_cancel_batch.log", exit_code=1, stop_reason=SIGNAL, state="CANCELLED",
+        expect={"error_type": "user_cancel", "source": "slurm"},
+        decisions=("stop", "stop", "stop", "stop", "stop")),
+    "cancel_line_but_slurm_says_failed": case(  # the batch shell was killed: Slurm's record (FAILED) wins
+        "preempted_saved.log", "user_cancel_batch.log", exit_code=137, stop_reason=SIGNAL, state="FAILED",
+        expect={"error_type": "preempted", "source": "stop_reason"},
+        decisions=("free", "free", "free", "free", "free")),
+    "cancel_line_but_slurm_says_failed_nothing_saved": case(
+        "healthy_ours_ft.log", "user_cancel_batch.log", exit_code=137, state="FAILED",
+        expect={"error_type": "killed", "source": "exit_code", "signal": "SIGKILL"},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "step_cancel_line_after_a_signal_stop": case(  # srun ended a 2-node step whose ranks stopped on SIGTERM
+        "preempted_saved.log", "step_cancelled_multinode_batch.log", exit_code=0, stop_reason=SIGNAL, state="RUNNING",
+        expect={"error_type": "preempted", "source": "stop_reason"},
+        decisions=("free", "free", "free", "free", "free")),
+    "step_cancel_line_of_another_trainer_stopped_on_a_signal": case(  # no stop_reason, exit 0, no finished flag
+        "healthy_ours_ft.log", "step_cancelled_batch.log", exit_code=0, state="RUNNING",
+        expect={"error_type": "finished", "source": "exit_code"},
+        decisions=("free", "free", "free", "free", "free")),
+    "user_cancel_from_log_only": case(
+        "healthy_ours_ft.log", "user_cancel_batch.log", exit_code=143,
+        expect={"error_type": "user_cancel", "source": "slurm", "hosts": ["nid001002"]},
+        decisions=("stop", "stop", "stop", "stop", "stop")),
+    "node_fail": case(
+        None, "node_failure_batch.log", exit_code=None, nodes=("nid003310",), state="NODE_FAIL",
+        expect={"error_type": "node_fail", "source": "slurm", "hosts": ["nid003310"]},
+        decisions=("requeue", "x:nid003310", "x:nid003310", "x:nid003310", "requeue")),
+    "time_limit": case(
+        "healthy_megatron.log", "time_limit_batch.log", exit_code=143, state="TIMEOUT",
+        expect={"error_type": "time_limit", "source": "slurm"},
+        decisions=("requeue", "requeue", "requeue", "stop", "requeue")),
+    "host_oom_kill": case(
+        None, "cpu_oom_batch.log", exit_code=137,
+        expect={"error_type": "cpu_oom", "source": "log", "fields": {"count": "1"}},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    # --- log signals ------------------------------------------------------------------------------------------
+    "cuda_oom": case(  # rank 3 OOMs; rank 1's NCCL watchdog times out afterwards: the OOM is the cause
+        "cuda_oom.log", exit_code=1,
+        expect={"error_type": "cuda_oom", "source": "log", "fields": {"alloc": "2.00 GiB", "rank": "3"}},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "nccl_timeout": case(
+        "nccl_timeout.log", exit_code=1,
+        expect={"error_type": "nccl_timeout", "source": "log", "signal": "SIGABRT",
+                "fields": {"op": "_ALLGATHER_BASE", "timeout_ms": "600000"}},
+        decisions=("requeue", "requeue", "x:node-01", "stop", "requeue")),
+    "nccl_error_ib": case(
+        "nccl_error_ib.log", exit_code=1, nodes=("nid004017", "nid004018"),
+        expect={"error_type": "nccl_error", "source": "log", "hosts": ["nid004017"]},
+        decisions=("requeue", "requeue", "x:nid004017", "stop", "requeue")),
+    "hang_ft_section": case(
+        "hang_ft_section.log", exit_code=1,
+        expect={"error_type": "hang", "source": "log", "signal": "SIGKILL",
+                "fields": {"section": "step", "timeout_s": "180.00"}},
+        decisions=("requeue", "requeue", "requeue", "stop", "requeue")),
+    "nan_disabled_rerun": case(
+        "nan_disabled_rerun.log", exit_code=1, nodes=("nid001877",),
+        expect={"error_type": "nan_inf", "source": "log", "hosts": ["nid001877"],
+                "fields": {"iteration": "51213", "value": "nan"}},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "python_exception": case(
+        "python_exception.log", exit_code=1,
+        expect={"error_type": "python_exception", "source": "log",
+                "fields": {"exception": "KeyError", "rank": "1"}},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "xid_fell_off_bus": case(
+        "xid_fell_off_bus.log", exit_code=1, nodes=("nid002544", "nid002545"),
+        expect={"error_type": "xid_error", "source": "log", "hosts": ["nid002544"], "fields": {"xid": "79"}},
+        decisions=("requeue", "x:nid002544", "x:nid002544", "x:nid002544", "requeue")),
+    "ecc_error": case(  # no host in the line: a one-node attempt's node is the suspect
+        "ecc_error.log", exit_code=1, nodes=("node-02",),
+        expect={"error_type": "ecc_error", "source": "log"},
+        decisions=("requeue", "x:node-02", "x:node-02", "x:node-02", "requeue")),
+}
+
+
+def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledger]:
+    job_dir, run_dir = tmp_path / "job", tmp_path / "run"
+    job_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    if c["step"]:
+        (job_dir / "log-acct.gpt_77_0.out").write_bytes(open(os.path.join(CORPUS, c["step"]), "rb").read())
+    if c["batch"]:
+        (job_dir / "sbatch_acct.gpt_77.out").write_bytes(open(os.path.join(CORPUS, c["batch"]), "rb").read())
+    if c["stop_reason"]:
+        (run_dir / "stop_reason.json").write_text(json.dumps(c["stop_reason"]))
+    flag = job_dir / "gpt_finished_flag"
+    if c["flag"]:
+        flag.write_text("")
+    resolved, monitor_specs = resolve(policy, None)
+    cfg = JobLevelConfig(job_name="gpt", job_dir=str(job_dir), ledger=str(run_dir / "job_ledger.jsonl"),
+                         finished_flag=str(flag), run_dir=str(run_dir), stop_reason=str(run_dir / "stop_reason.json"),
+                         metrics=str(run_dir / "metrics.jsonl"), ft=True, policy=resolved, monitors=monitor_specs)
+    ledger = Ledger(cfg.ledger)
+    ledger.append({"kind": "attempt_start", "job_id": "77", "slurm_restart": 0, "resubmission": 0,
+                   "nodes": ",".join(c["nodes"]), "time": 0.0, "batch_log_offset": 0})
+    return cfg, ledger
+
+
+def encode(decision, cls) -> str:
+    if decision.action == "stop":
+        return "stop"
+    if decision.exclude_applied:
+        return "x:" + ",".join(decision.exclude_applied)
+    return "requeue" if decision.spent else "free"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_classification_and_every_presets_decision(tmp_path, name):
+    c = CASES[name]
+    cluster = Cluster(nodes=c["nodes"] + ["spare-1", "spare-2"], partition="batch")
+    got = []
+    for i, policy in enumerate(PRESETS + (None,)):
+        cfg, ledger = lay_out(tmp_path / str(i), c, policy)
+        ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=c["exit_code"], slurm_state=c["state"],
+                             by="batch", retries=3, cluster_info=cluster)
+        cls = ending.classification
+        for key, value in c["expect"].items():
+            actual = getattr(cls, key) if key != "fields" else {k: cls.fields.get(k) for k in value}
+            assert actual == value, f"{name}: classification.{key} = {actual!r}, expected {value!r}\n{cls}"
+        if cls.error_type not in ("finished", "preempted", "user_cancel", "rerun_failed_validation"):
+            assert cls.evidence or cls.source == "exit_code", cls
+        got.append(encode(ending.decision, cls))
+    assert tuple(got) == c["decisions"], f"{name}: decisions {got} (presets {PRESETS} + nemo_run rule)"
+
+
+MUST_NOT_TRIGGER = ("healthy_megatron.log", "healthy_ours_ft.log", "handled_errors.log", "truncated_step.log")
+
+
+@pytest.mark.parametrize("log", MUST_NOT_TRIGGER)
+def test_healthy_and_handled_output_yields_no_error_signal(log):
+    """With every monitor on, healthy/handled/truncated output gives at most info/warning signals (a last line
+    cut off mid-write, as a killed process leaves it, is not a line)."""
+    monitors = mon.load_monitors(["megatron_production"])
+    text = read_tail(os.path.join(CORPUS, log), max_bytes=1 << 20)  # as the trap reads it
+    lines = [("log", line) for line in text.lines]
+    found = [s for s in mon.scan(lines, monitors) if s.severity in ("error", "fatal")]
+    assert found == []
+
+
+def test_nan_iterations_zero_never_matches_and_nonzero_is_only_a_warning():
+    monitors = mon.load_monitors(["megatron_basic"])
+    line = (" [2026-03-02 11:03:40] iteration 10/ 500000 | lm loss: 1.05E+01 | number of skipped iterations:   0 | "
+            "number of nan iterations:   {} |")
+    assert mon.scan([("log", line.format(0))], monitors) == []
+    [signal] = mon.scan([("log", line.format(3))], monitors)
+    assert (signal.error_type, signal.severity, signal.fields) == ("nan_inf", "warning", {"count": "3"})

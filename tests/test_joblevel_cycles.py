@@ -1,0 +1,88 @@
+"""ft_launcher's per-cycle restart history (nvidia-resiliency-ext >= 0.7) in the ledger.
+
+When the installed release writes cycle-info files (``--ft-cycle-info-dir``: ``cycle_info.<job>.<attempt>.<cycle>``
+JSON) and one application log per restart cycle (``--ft-per-cycle-applog-prefix``), the ledger's attempt record
+has one entry per in-job cycle: when it ran, on which nodes, and why each earlier cycle ended — read from that
+cycle's own log — while the attempt's classification comes from the last cycle's log.
+
+``test_cycles_from_nvrx_own_writer`` writes the files with nvidia-resiliency-ext 0.7.0's own ``CycleInfoWriter``,
+run inside that release (``tests/nvrx_releases.py``), so it runs in both lanes.
+``test_cycles_from_files_in_nvrx_format`` always runs, with files in the format that writer produced here
+(captured from 0.7.0: the fields and their JSON types below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from nvrx_releases import probe
+
+from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.decision import Cluster
+from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
+from megatron_resilience.jobs.ledger import Ledger
+
+CORPUS = os.path.join(os.path.dirname(__file__), "joblevel_corpus")
+
+
+def job_layout(tmp_path) -> tuple[JobLevelConfig, Ledger, str]:
+    job_dir, run_dir = tmp_path / "job", tmp_path / "run"
+    (job_dir / "ft_cycle_info").mkdir(parents=True)
+    (job_dir / "ft_cycle_logs").mkdir()
+    run_dir.mkdir()
+    (job_dir / "log-acct.gpt_77_0.out").write_text(
+        "[2026-11-23 05:13:23,126] [INFO] [ft_launcher7125@nid001] [default] Starting worker group\n"
+        "[2026-11-23 05:20:01,002] [INFO] [ft_launcher7125@nid001] [default] Worker group FAILED. 1/2 attempts left;"
+        " will restart worker group\n")
+    policy, monitors = resolve("megatron_transient", None)
+    cfg = JobLevelConfig(job_name="gpt", job_dir=str(job_dir), ledger=str(run_dir / "job_ledger.jsonl"),
+                         finished_flag=str(job_dir / "gpt_finished_flag"), run_dir=str(run_dir),
+                         stop_reason=str(run_dir / "stop_reason.json"), metrics=str(run_dir / "metrics.jsonl"),
+                         ft=True, policy=policy, monitors=monitors, cycle_info_dir=str(job_dir / "ft_cycle_info"),
+                         cycle_log_prefix=str(job_dir / "ft_cycle_logs" / "cycle"))
+    ledger = Ledger(cfg.ledger)
+    ledger.append({"kind": "attempt_start", "job_id": "77", "slurm_restart": 0, "nodes": "nid001", "time": 0.0})
+    return cfg, ledger, str(job_dir)
+
+
+def check(cfg: JobLevelConfig, ledger: Ledger, logs: list[str]) -> None:
+    ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=1, slurm_state="RUNNING", by="batch",
+                         cluster_info=Cluster(nodes=["nid001", "nid002"]))
+    record = ending.record
+    assert ending.classification.error_type == "cuda_oom"  # the last cycle's log
+    assert [c["cycle"] for c in record["cycles"]] == [0, 1]
+    assert record["cycles"][0]["ended"]["error_type"] == "nccl_timeout"  # the first cycle's own log
+    assert [c["cycle_info"]["active_nodes"] for c in record["cycles"]] == ["nid001", "nid001"]
+    assert record["cycles"][1]["cycle_info"]["cycle_start_time"] == "2026-11-23T05:20:30Z"
+    assert [p for p in record["log_files"] if "ft_cycle_logs" in p] == logs
+
+
+def test_cycles_from_files_in_nvrx_format(tmp_path):
+    cfg, ledger, job_dir = job_layout(tmp_path)
+    logs = []
+    for cycle, (start, end, log) in enumerate([("2026-11-23T05:13:23Z", "2026-11-23T05:20:01Z", "nccl_timeout.log"),
+                                               ("2026-11-23T05:20:30Z", "2026-11-23T05:31:10Z", "cuda_oom.log")]):
+        path = os.path.join(job_dir, "ft_cycle_logs", f"cycle_cycle{cycle}.log")
+        shutil.copy(os.path.join(CORPUS, log), path)
+        logs.append(path)
+        with open(os.path.join(job_dir, "ft_cycle_info", f"cycle_info.77.0.{cycle}"), "w") as f:
+            json.dump({"job_id": "77", "cycle_start_time": start, "cycle_end_time": end, "cycle_log_file": path,
+                       "active_nodes": "nid001", "generation": "1", "attempt_index": 0, "cycle_number": cycle,
+                       "standby_nodes": "", "active_ranks": ""}, f, indent=2)
+    os.symlink(f"cycle_info.77.0.{cycle}", os.path.join(job_dir, "ft_cycle_info", "cycle_info.77.current"))
+    check(cfg, ledger, logs)
+
+
+def test_cycles_from_nvrx_own_writer(tmp_path):
+    """The files nvidia-resiliency-ext 0.7.0's own CycleInfoWriter writes (run in that release: both lanes)."""
+    cfg, ledger, job_dir = job_layout(tmp_path)
+    answer = probe("0.7.0", {"cycle_info": {
+        "dir": cfg.cycle_info_dir, "prefix": cfg.cycle_log_prefix, "job": "77", "attempt": 0, "nodes": "nid001",
+        "cycles": [["2026-11-23T05:13:23Z", "2026-11-23T05:20:01Z"],
+                   ["2026-11-23T05:20:30Z", "2026-11-23T05:31:10Z"]]}})
+    logs = answer["cycle_logs"]  # the per-cycle log names ft_launcher uses
+    for path, log in zip(logs, ("nccl_timeout.log", "cuda_oom.log")):
+        shutil.copy(os.path.join(CORPUS, log), path)
+    check(cfg, ledger, logs)

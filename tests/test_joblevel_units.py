@@ -1,0 +1,298 @@
+"""Job-level room, unit by unit: policy/monitor files rejected before submission, decisions over a chain of
+attempts (budgets per mode, restart loops without progress, node exclusion), the ledger, the simulated
+failures of the trainer as the classifier sees them, and the plugin's checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from megatron_resilience.config import ConfigError, FaultToleranceConfig
+from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
+from megatron_resilience.jobs.decision import Cluster, decide, decide_like_nemo_run
+from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.jobs.monitors import load_monitors, scan
+from megatron_resilience.jobs.policies import load_policy, preset_names
+
+# --- bad policy and monitor files are rejected with the file, the key and the allowed values --------------------
+
+GOOD_POLICY = """\
+name: mine
+max_restarts: {crash: 1, stall: 1, timeout: 0}
+default_action: stop
+rules:
+  - match: {error_type: [nccl_timeout]}
+    action: requeue
+"""
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t + "max_retries: 3\n", "max_retries: unknown key; allowed keys: ['name', 'description', 'monitors',"),
+    (lambda t: t.replace("crash: 1", "crash: -1"), "max_restarts.crash: must be an integer >= 0, got -1"),
+    (lambda t: t.replace("stall: 1", "hang: 1"), "max_restarts.hang: unknown mode; allowed: ['crash', 'stall', "
+                                                 "'timeout']"),
+    (lambda t: t.replace("[nccl_timeout]", "[nccl_hiccup]"), "rules[0].match.error_type: must be one of "
+                                                             "['finished', 'preempted',"),
+    (lambda t: t.replace("action: requeue", "action: retry"), "rules[0].action: must be one of ['requeue', "
+                                                              "'requeue_excluding_nodes', 'stop'], got 'retry'"),
+    (lambda t: t.replace("{error_type:", "{errortype:"), "rules[0].match.errortype: unknown key; allowed keys: "
+                                                         "['error_type', 'subsystem', 'signal']"),
+    (lambda t: t.replace("default_action: stop", "default_action: maybe"), "default_action: must be one of "
+                                                                           "['requeue', 'stop'], got 'maybe'"),
+    (lambda t: t + "exclude_error_types: [oom]\n", "exclude_error_types: must be one of ['finished',"),
+    (lambda t: t.replace("{error_type: [nccl_timeout]}", "{signal: [SIGFOO]}"), "rules[0].match.signal: must be "
+                                                                                "one of ['SIGABRT',"),
+])
+def test_bad_policy_file_names_file_key_and_allowed_values(tmp_path, edit, message):
+    path = tmp_path / "policy.yaml"
+    path.write_text(edit(GOOD_POLICY))
+    with pytest.raises(ConfigError) as err:
+        load_policy(str(path))
+    assert str(err.value).startswith(f"{path}: {message}"), str(err.value)
+
+
+def test_good_policy_file_loads(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(GOOD_POLICY)
+    policy = load_policy(str(path))
+    assert (policy.name, policy.max_restarts, policy.action_for("nccl_timeout", "communication", None)[0]) == \
+        ("mine", {"crash": 1, "stall": 1, "timeout": 0}, "requeue")
+
+
+GOOD_MONITORS = """\
+name: extra
+include: [megatron_basic]
+monitors:
+  - name: my_lustre
+    error_type: communication_error
+    severity: fatal
+    pattern: 'LustreError: .* (?P<host>\\S+) .*timed out'
+"""
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t + "    regex: x\n", "monitors[0] (my_lustre).regex: unknown key; allowed keys: ['name', "
+                                     "'error_type', 'severity', 'pattern', 'unless', 'subsystem']"),
+    (lambda t: t.replace("timed out'", "timed out('"), "monitors[0] (my_lustre).pattern: not a valid regular "
+                                                       "expression (missing ), unterminated subpattern"),
+    (lambda t: t.replace("communication_error", "lustre_error"), "monitors[0] (my_lustre).error_type: must be "
+                                                                 "one of ['finished',"),
+    (lambda t: t.replace("severity: fatal", "severity: critical"), "monitors[0] (my_lustre).severity: must be "
+                                                                   "one of ['info', 'warning', 'error', 'fatal']"),
+    (lambda t: t.replace("[megatron_basic]", "[megatron_everything]"), "monitors: must be a preset name "),
+    (lambda t: t + "extra: 1\n", "extra: unknown key; allowed keys: ['name', 'description', 'include', 'monitors']"),
+])
+def test_bad_monitor_file_names_file_key_and_allowed_values(tmp_path, edit, message):
+    path = tmp_path / "monitors.yaml"
+    path.write_text(edit(GOOD_MONITORS))
+    with pytest.raises(ConfigError) as err:
+        load_monitors([str(path)])
+    text = str(err.value)
+    assert text.startswith(f"{path}: {message}") or (message.startswith("monitors: must") and text.startswith(
+        "monitors: must be a preset name ['megatron_basic', 'megatron_nccl', 'megatron_production', "
+        "'megatron_stall_detection'] or a YAML file path, got 'megatron_everything'")), text
+
+
+def test_every_preset_loads_and_production_is_the_union():
+    assert preset_names() == ["default", "megatron_aggressive", "megatron_conservative", "megatron_transient"]
+    names = {m: {x.name for x in load_monitors([m])} for m in ("megatron_basic", "megatron_nccl",
+                                                                "megatron_stall_detection", "megatron_production")}
+    assert names["megatron_production"] == names["megatron_basic"] | names["megatron_nccl"] | \
+        names["megatron_stall_detection"]
+    for name in preset_names():
+        assert load_policy(name).name == name
+
+
+def test_plugin_rejects_bad_files_before_submission(tmp_path):
+    from megatron_resilience.plugins import RestartPolicyPlugin
+
+    bad = tmp_path / "p.yaml"
+    bad.write_text(GOOD_POLICY.replace("crash: 1", "crash: -2"))
+    with pytest.raises(ConfigError, match=r"p\.yaml: max_restarts\.crash: must be an integer >= 0, got -2"):
+        RestartPolicyPlugin(policy=str(bad))
+    with pytest.raises(ConfigError, match=r"policy: must be a preset name \['default', 'megatron_aggressive', "
+                                          r"'megatron_conservative', 'megatron_transient'\] or a YAML file path"):
+        RestartPolicyPlugin(policy="transient")
+    with pytest.raises(ConfigError, match=r"RestartPolicyPlugin.monitors: must be None, a monitor preset name"):
+        RestartPolicyPlugin(monitors=[1])
+
+
+# --- decisions over a chain of attempts -----------------------------------------------------------------------
+
+def cls(error_type: str, hosts=()) -> Classification:
+    kind = taxonomy.BY_NAME[error_type]
+    return Classification(error_type=error_type, subsystem=kind.subsystem, severity="fatal", mode=kind.mode,
+                          source="log", reason="", hosts=list(hosts))
+
+
+def chain(policy_name: str, endings: list[tuple[str, dict]], cluster: Cluster | None = None):
+    """Decide attempt after attempt, recording each as the trap does; returns the decisions."""
+    policy, history, out = load_policy(policy_name), [], []
+    for error_type, extra in endings:
+        c = cls(error_type, extra.pop("hosts", ()))
+        current = {"classification": c.to_dict(), "nodes": extra.pop("nodes", ["n1"]), **extra}
+        d = decide(c, policy, history, current, cluster or Cluster(nodes=["n1", "n2", "n3"], partition="p"))
+        out.append(d)
+        history.append({**current, "decision": d.to_dict()})
+        if d.final:
+            break
+    return out
+
+
+def test_budgets_are_counted_per_mode_over_the_whole_chain():
+    ok = {"checkpoint_step": 10, "resumed_from": 0}
+    decisions = chain("megatron_transient", [("nccl_timeout", dict(ok)), ("nccl_error", dict(ok)),
+                                             ("hang", dict(ok)), ("time_limit", dict(ok)), ("time_limit", dict(ok))])
+    assert [(d.action, d.spent, d.budget_left) for d in decisions] == [
+        ("requeue", "stall", {"crash": 3, "stall": 1, "timeout": 1}),
+        ("requeue", "crash", {"crash": 2, "stall": 1, "timeout": 1}),
+        ("requeue", "stall", {"crash": 2, "stall": 0, "timeout": 1}),
+        ("requeue", "timeout", {"crash": 2, "stall": 0, "timeout": 0}),
+        ("stop", None, {"crash": 2, "stall": 0, "timeout": 0}),
+    ]
+    assert decisions[-1].outcome == "budget_exhausted"
+    assert decisions[-1].reason == "retry budget exhausted: 1 of 1 timeout restart(s) used (time_limit, policy " \
+                                   "megatron_transient)"
+
+
+def test_preemptions_between_failures_spend_nothing():
+    decisions = chain("megatron_conservative", [("node_fail", {}), ("preempted", {}), ("system_cancel", {}),
+                                                ("node_fail", {})])
+    assert [(d.action, d.spent) for d in decisions] == [("requeue", "crash"), ("requeue", None), ("requeue", None),
+                                                       ("stop", None)]
+
+
+def test_a_restart_loop_without_progress_stops():
+    # every restart resumes from the checkpoint at step 20 and dies before saving another
+    stuck = {"resumed_from": 20, "checkpoint_step": 20, "last_step": 24}
+    decisions = chain("megatron_aggressive", [("nccl_error", {"resumed_from": 0, "checkpoint_step": 20,
+                                                              "last_step": 24})] + [("nccl_error", dict(stuck))] * 6)
+    assert [d.action for d in decisions] == ["requeue"] * 4 + ["stop"]
+    assert decisions[-1].outcome == "no_progress" and decisions[-1].attempts_without_progress == 4
+    assert "4 failed attempt(s) in a row did not advance the checkpoint" in decisions[-1].reason
+
+
+def test_repeated_hardware_errors_on_one_host_exclude_it_and_an_impossible_exclusion_is_not_applied():
+    decisions = chain("megatron_transient", [("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"]}),
+                                             ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"]})])
+    assert [d.exclude_applied for d in decisions] == [[], ["n2"]]  # exclude_nodes_after: 2
+    only = chain("megatron_transient", [("xid_error", {"hosts": ["n1.cluster.local"], "nodes": ["n1"]})],
+                 cluster=Cluster(nodes=["n1"], partition="p"))
+    assert only[0].action == "requeue" and only[0].exclude_requested == ["n1"] and only[0].exclude_applied == []
+    assert only[0].exclude_not_applied.startswith("excluding n1 would leave 0 usable node(s) in partition p (n1) "
+                                                  "and the job needs 1")
+    down = chain("megatron_transient", [("xid_error", {"hosts": ["n1"], "nodes": ["n1"]})],
+                 cluster=Cluster(nodes=["n1", "n2"], unusable=["n2"], partition="p"))
+    assert down[0].exclude_applied == [] and "would leave 0 usable node(s)" in down[0].exclude_not_applied
+
+
+def test_nemo_run_rule_counts_failures_in_a_row_and_never_preemptions():
+    history = []
+    out = []
+    for error_type in ("python_exception", "preempted", "python_exception", "python_exception"):
+        c = cls(error_type)
+        d = decide_like_nemo_run(c, history, retries=2, ft=True, finished_flag=False)
+        out.append((d.action, d.outcome))
+        history.append({"classification": c.to_dict(), "decision": d.to_dict()})
+    assert out == [("requeue", None), ("requeue", None), ("requeue", None), ("stop", "budget_exhausted")]
+
+
+# --- the ledger ------------------------------------------------------------------------------------------------
+
+def test_ledger_write_ahead_and_torn_lines(tmp_path):
+    ledger = Ledger(str(tmp_path / "l.jsonl"))
+    ok, out = ledger.perform("probe", ["true"], by="test")
+    assert ok and ledger.pending_intents() == []
+    ledger.append({"kind": "intent", "id": "x1", "action": "sbatch"})  # a writer died after its intent
+    with open(ledger.path, "a") as f:
+        f.write('{"kind": "attempt", "tor')  # and a torn line
+    assert [i["id"] for i in ledger.pending_intents()] == ["x1"]
+    assert [r["kind"] for r in ledger.records()] == ["intent", "outcome", "intent"]
+    ok, out = ledger.perform("probe", [sys.executable, "-c", "import sys; print('no'); sys.exit(3)"], by="test")
+    assert (ok, out) == (False, "no")
+
+
+# --- the trainer's simulated failures, as the classifier sees them -----------------------------------------------
+
+DIE = textwrap.dedent("""
+    import os, sys, socket
+    import torch.distributed as dist
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from megatron_resilience.resilience.simulated_fault import die_like_the_real_thing
+    die_like_the_real_thing(sys.argv[1], rank=0, step=7)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, exit_code, error_type, signal", [
+    ("cuda_oom", 1, "cuda_oom", None),
+    ("nccl_timeout", -6, "nccl_timeout", "SIGABRT"),
+    ("nccl_error", 1, "nccl_error", None),
+])
+def test_simulated_exceptions_die_like_the_real_thing(kind, exit_code, error_type, signal):
+    proc = subprocess.run([sys.executable, "-c", DIE, kind], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == exit_code, proc.stderr[-2000:]
+    lines = [("log", line) for line in proc.stderr.splitlines()]
+    code = 128 - exit_code if exit_code < 0 else exit_code  # as the launcher reports a signalled worker
+    got = classify(AttemptEvidence(exit_code=code, signals=scan(lines, load_monitors(["megatron_production"]))))
+    assert (got.error_type, got.source, got.signal) == (error_type, "log", signal)
+
+
+@pytest.mark.parametrize("env, start_step, repeat, fire_step", [
+    ({}, 0, False, 7),
+    ({"SLURM_RESTART_COUNT": "1"}, 0, False, None),  # only the first attempt...
+    ({"MEGATRON_RESILIENCE_RESUBMISSION": "1"}, 0, False, None),  # (a watcher's resubmission is a later attempt)
+    ({"SLURM_RESTART_COUNT": "2"}, 20, True, 27),  # ...unless it repeats: k steps after each resume
+    ({"TORCHELASTIC_RESTART_COUNT": "1"}, 10, True, 17),
+])
+def test_simulated_fault_attempts(monkeypatch, env, start_step, repeat, fire_step):
+    from megatron_resilience.resilience.simulated_fault import SimulatedFault
+
+    for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "MEGATRON_RESILIENCE_RESUBMISSION"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    fault = SimulatedFault(FaultToleranceConfig(simulate_fault=True, simulated_fault_type="exception",
+                                                simulated_fault_exception="nccl_timeout", simulated_fault_rank=0,
+                                                simulated_fault_step=7, simulated_fault_repeat=repeat),
+                           rank=0, world_size=1)
+    fault.arm(start_step)
+    assert (fault.armed, fault.fire_step if fault.armed else None) == (fire_step is not None, fire_step)
+    if fault.armed:
+        assert fault.kind == "exception:nccl_timeout"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(simulated_fault_type="exception"), "ft.simulated_fault_type: needs ft.simulated_fault_step to be set"),
+    (dict(simulated_fault_repeat=True), "ft.simulated_fault_repeat: needs ft.simulated_fault_step to be set"),
+    (dict(simulated_fault_exception="segfault", simulated_fault_step=3),
+     "ft.simulated_fault_exception: must be one of ['cuda_oom', 'nccl_timeout', 'nccl_error'], got 'segfault'"),
+])
+def test_simulated_fault_config_errors(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        FaultToleranceConfig(**kwargs)
+    assert str(err.value).startswith(message)
+
+
+def test_job_level_import_is_light():
+    """The EXIT trap's import: no torch, no megatron, no nemo_run."""
+    code = ("import sys, megatron_resilience.jobs.batch_exit, megatron_resilience.jobs.report; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'nemo_run')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_jobs_ledger_is_json_lines(tmp_path):
+    ledger = Ledger(str(tmp_path / "x" / "l.jsonl"))
+    ledger.append({"kind": "final", "outcome": "finished"})
+    with open(ledger.path) as f:
+        [line] = f.read().splitlines()
+    assert json.loads(line)["kind"] == "final" and os.path.isdir(tmp_path / "x")

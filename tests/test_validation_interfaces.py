@@ -1,0 +1,445 @@
+"""One validation, three interfaces: every bad input is rejected before submission or training, with the same
+message, through
+
+- the CLI: ``nemo megatron_resilience pretrain ... run.executor=slurm run.plugins=resilience --dryrun``
+  (NeMo-Run's real CLI, run in this process): exit 1, ``Error: <message>`` and nothing rendered;
+- Python: ``preview(task, executor, plugins)`` and ``run.run(task, executor=..., plugins=..., dryrun=True)``
+  on a ``run.Partial`` of ``megatron_resilience.entry.pretrain``: ``ConfigError(<message>)``, no file written;
+- the trainer's command line: ``python -m megatron_resilience run_dir=... key=value`` (its ``main``, in this
+  process, under ``WORLD_SIZE=2``): exit with ``megatron_resilience: <message>`` before the trainer builds
+  anything (building the hooks, the first step of setup, fails the test).
+
+Every interface starts from the config defaults with a job of 2 ranks (Slurm: 1 node x 2 tasks, through a
+LocalTunnel, so paths are checked on this machine). Settings that only one side has (plugin fields, executor
+fields, recipe arguments) go through the interfaces that have them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import re
+import typing
+
+import pytest
+
+from megatron_resilience.upstream import import_nemo_run
+
+run = import_nemo_run()
+
+from megatron_resilience import __main__ as trainer_cli  # noqa: E402
+from megatron_resilience.config import SECTIONS, ConfigError, PretrainConfig  # noqa: E402
+from megatron_resilience.config.overrides import parse_override, parse_value  # noqa: E402
+from megatron_resilience.entry import pretrain  # noqa: E402
+from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, preview  # noqa: E402
+from megatron_resilience.recipes import RECIPES  # noqa: E402
+from megatron_resilience.runtime import pretrain as runtime_pretrain  # noqa: E402
+from megatron_resilience.upstream.nemorun import run_cli  # noqa: E402
+
+ALL, NO_PYTHON, NO_TRAINER = "cpt", "ct", "cp"  # c: CLI, p: Python, t: trainer command line
+
+WORLD = "parallel: tensor_model_parallel_size * pipeline_model_parallel_size = {} must divide the world size 2, got {}"
+SIGNALS = "['SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2', 'SIGHUP', 'SIGQUIT', 'SIGALRM', 'SIGCONT']"
+
+# (overrides, message, interfaces). {tmp}: this test's folder.
+TASK_CASES = [
+    (["train.max_steps=-5"], "train.max_steps: must be an integer >= 1, got -5", ALL),
+    (["train.max_steps=abc"], "train.max_steps: must be an integer, got 'abc'", ALL),
+    (["train.max_steps=1.5"], "train.max_steps: must be an integer, got '1.5'", ALL),
+    (["train.max_steps=null"], "train.max_steps: must be an integer, got 'null'", ALL),
+    (["model.precision=fp8"], "model.precision: must be one of ['fp32', 'bf16', 'fp16'], got 'fp8'", ALL),
+    (["optim.lr=nan"], "optim.lr: must be a finite number, got nan", ALL),
+    (["optim.lr=inf"], "optim.lr: must be a finite number, got inf", ALL),
+    (["optim.lr=-1"], "optim.lr: must be a number > 0, got -1.0", ALL),
+    (["optim.lr=0"], "optim.lr: must be a number > 0, got 0.0", ALL),
+    (["optim.lr=fast"], "optim.lr: must be a number, got 'fast'", ALL),
+    (["optim.min_lr=0.1"], "optim.min_lr: must be <= optim.lr=0.003, got 0.1", ALL),
+    (["optim.adam_beta1=1.0"], "optim.adam_beta1: must be a number in [0, 1), got 1.0", ALL),
+    (["optim.adam_beta2=nan"], "optim.adam_beta2: must be a finite number, got nan", ALL),
+    (["optim.clip_grad=-1"], "optim.clip_grad: must be a number >= 0, got -1.0", ALL),
+    (["optim.lr_decay_style=exp"],
+     "optim.lr_decay_style: must be one of ['constant', 'linear', 'cosine', 'inverse-square-root'], got 'exp'", ALL),
+    (["optim.optimizer=lamb"], "optim.optimizer: must be one of ['adam', 'sgd'], got 'lamb'", ALL),
+    (["optim.lr_warmup_steps=100"], "optim.lr_warmup_steps: must be <= train.max_steps=50, got 100", ALL),
+    (["train.exit_duration_in_mins=nan"], "train.exit_duration_in_mins: must be a finite number, got nan", ALL),
+    (["train.exit_duration_in_mins=0"], "train.exit_duration_in_mins: must be a number > 0, got 0.0", ALL),
+    (["train.exit_signal=SIGKILL"], f"train.exit_signal: must be one of {SIGNALS}, got 'SIGKILL'", ALL),
+    (["train.exit_signal_handler=maybe"], "train.exit_signal_handler: must be true or false, got 'maybe'", ALL),
+    (["train.device=tpu"], "train.device: must be one of ['auto', 'cpu', 'cuda'], got 'tpu'", ALL),
+    (["train.log_interval=0"], "train.log_interval: must be an integer >= 1, got 0", ALL),
+    (["train.micro_batch_size=0"], "train.micro_batch_size: must be an integer >= 1, got 0", ALL),
+    (["train.global_batch_size=6"], "train.global_batch_size: must be a multiple of train.micro_batch_size=4, got 6",
+     ALL),
+    (["train.global_batch_size=4"],
+     "train.global_batch_size: must be a multiple of train.micro_batch_size * data-parallel size = 8, got 4", ALL),
+    (["train.eval_interval=10"], "train.eval_iters: must be >= 1 when train.eval_interval is set, got 0", ALL),
+    (["train.seed=-1"], "train.seed: must be an integer >= 0, got -1", ALL),
+    (["model.num_layers=0"], "model.num_layers: must be an integer >= 1, got 0", ALL),
+    (["model.hidden_size=65"], "model.hidden_size: must be divisible by model.num_attention_heads=4, got 65", ALL),
+    (["model.normalization=BatchNorm"], "model.normalization: must be one of ['LayerNorm', 'RMSNorm'], got 'BatchNorm'",
+     ALL),
+    (["model.max_position_embeddings=32"], "model.max_position_embeddings: must be >= model.seq_length=64, got 32",
+     ALL),
+    (["model.hidden_dropout=1.5"], "model.hidden_dropout: must be a number in [0, 1), got 1.5", ALL),
+    (["model.init_method_std=-0.1"], "model.init_method_std: must be a number >= 0, got -0.1", ALL),
+    (["model.share_embeddings_and_output_weights=2"],
+     "model.share_embeddings_and_output_weights: must be true or false, got '2'", ALL),
+    (["parallel.tensor_model_parallel_size=8"],
+     "parallel.tensor_model_parallel_size: must divide model.num_attention_heads=4, got 8", ALL),
+    (["parallel.tensor_model_parallel_size=4"], WORLD.format(4, 4), ALL),
+    (["parallel.pipeline_model_parallel_size=3"],
+     "parallel.pipeline_model_parallel_size: must divide model.num_layers=2, got 3", ALL),
+    (["parallel.tensor_model_parallel_size=0"], "parallel.tensor_model_parallel_size: must be an integer >= 1, got 0",
+     ALL),
+    (["parallel.sequence_parallel=true"],
+     "parallel.sequence_parallel: needs parallel.tensor_model_parallel_size > 1, got True", ALL),
+    (["checkpoint.save_interval=10"], "checkpoint.save: must be set when checkpoint.save_interval is set, got None",
+     ALL),
+    (["checkpoint.async_save=true"], "checkpoint.save: must be set when checkpoint.async_save is true, got None", ALL),
+    (["checkpoint.keep_last_n=0"], "checkpoint.keep_last_n: must be an integer >= 1, got 0", ALL),
+    (["checkpoint.save="], "checkpoint.save: must be a directory path or None, got ''", ALL),
+    (["data.tokenizer=sentencepiece"], "data.tokenizer: must be one of ['null', 'gpt2'], got 'sentencepiece'", ALL),
+    (["data.tokenizer=gpt2"], "data.tokenizer: 'gpt2' needs data.vocab_file and data.merge_file, got 'gpt2'", ALL),
+    (["data.split=90,10"],
+     "data.split: must be three comma-separated non-negative weights like '969,30,1', got '90,10'", ALL),
+    (["data.num_workers=-1"], "data.num_workers: must be an integer >= 0, got -1", ALL),
+    (["ft.enabled=maybe"], "ft.enabled: must be true or false, got 'maybe'", ALL),
+    (["ft.mode=always"], "ft.mode: must be one of ['sections', 'heartbeats'], got 'always'", ALL),
+    (["ft.min_learned_timeout=0"], "ft.min_learned_timeout: must be a number > 0, got 0.0", ALL),
+    (["ft.simulated_fault_type=rank_slow"],
+     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception'], "
+     "got 'rank_slow'", ALL),
+    (["ft.simulated_fault_step=999"], "ft.simulated_fault_step: must be <= train.max_steps=50, got 999", ALL),
+    (["ft.simulated_fault_section=checkpointing"],
+     "ft.simulated_fault_section: needs ft.simulated_fault_step to be set, got 'checkpointing'", ALL),
+    (["ft.simulated_fault_rank=-2"], "ft.simulated_fault_rank: must be an integer >= 0, got -2", ALL),
+    (["straggler.gpu_relative_perf_threshold=1.5"],
+     "straggler.gpu_relative_perf_threshold: must be a number in [0, 1], got 1.5", ALL),
+    (["straggler.report_time_interval=nan"], "straggler.report_time_interval: must be a finite number, got nan", ALL),
+    (["straggler.profiling_interval=0"], "straggler.profiling_interval: must be an integer >= 1, got 0", ALL),
+    (["straggler.simulated_straggler_rank=-1"],
+     "straggler.simulated_straggler_rank: must be an integer >= 0, got -1", ALL),
+    (["rerun.rerun_mode=always"],
+     "rerun.rerun_mode: must be one of ['disabled', 'validate_results', 'report_stats'], got 'always'", ALL),
+    (["rerun.error_injection_rate=-1"], "rerun.error_injection_rate: must be an integer >= 0, got -1", ALL),
+    (["rerun.error_injection_type=bad"],
+     "rerun.error_injection_type: must be one of ['correct_result', 'transient_error', 'persistent_error'], "
+     "got 'bad'", ALL),
+    # paths this machine sees: the trainer checks them too, before torch loads
+    (["checkpoint.save=/proc/ckpt"],
+     "checkpoint.save: must be a writable directory, got '/proc/ckpt' "
+     "(cannot create directories in '/proc': No such file or directory)", ALL),
+    (["run_dir={tmp}/afile"], "run_dir: must be a directory, got '{tmp}/afile' (a file)", ALL),
+    (["checkpoint.save={tmp}/afile/ckpt"],
+     "checkpoint.save: must be a directory we can create, got '{tmp}/afile/ckpt' ('{tmp}/afile' is a file)", ALL),
+    (["data.data_path={tmp}/missing"],
+     "data.data_path: must name indexed datasets (PREFIX.bin and PREFIX.idx), got '{tmp}/missing' "
+     "({tmp}/missing.bin, {tmp}/missing.idx not found)", ALL),
+    (["data.tokenizer=gpt2", "data.vocab_file={tmp}/vocab.json", "data.merge_file={tmp}/afile"],
+     "data.vocab_file: must be an existing file, got '{tmp}/vocab.json' (not found)", ALL),
+    # keys: the Python side cannot hold an unknown key (Fiddle rejects the attribute, see below)
+    (["train.max_stepz=3"],
+     "train.max_stepz: unknown key; did you mean train.max_steps? valid keys in train: train.max_steps, "
+     "train.micro_batch_size, train.global_batch_size, train.seed, train.log_interval, train.eval_interval, "
+     "train.eval_iters, train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
+     "train.exit_duration_in_mins, train.device", NO_PYTHON),
+    (["trian.max_steps=3"],
+     "trian.max_steps: unknown key; did you mean train.max_steps? sections: run_dir, model, parallel, data, optim, "
+     "train, checkpoint, ft, straggler, rerun (every key: python -m megatron_resilience --help)", NO_PYTHON),
+    (["optim.learning_rate=0.1"],
+     "optim.learning_rate: unknown key; valid keys in optim: optim.optimizer, optim.lr, optim.min_lr, "
+     "optim.lr_warmup_steps, optim.lr_decay_steps, optim.lr_decay_style, optim.weight_decay, optim.adam_beta1, "
+     "optim.adam_beta2, optim.adam_eps, optim.clip_grad, optim.initial_loss_scale", NO_PYTHON),
+    (["train.lr=0.1"],
+     "train.lr: unknown key; did you mean optim.lr? valid keys in train: train.max_steps, train.micro_batch_size, "
+     "train.global_batch_size, train.seed, train.log_interval, train.eval_interval, train.eval_iters, "
+     "train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
+     "train.exit_duration_in_mins, train.device", NO_PYTHON),
+    (["train=5"],
+     "train: unknown key (train is a section: name one of its fields); valid keys in train: train.max_steps, "
+     "train.micro_batch_size, train.global_batch_size, train.seed, train.log_interval, train.eval_interval, "
+     "train.eval_iters, train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
+     "train.exit_duration_in_mins, train.device", NO_PYTHON),
+    (["train.max_steps"], "'train.max_steps': expected key=value, e.g. train.max_steps=100", NO_PYTHON),
+]
+
+# Plugin fields: (plugin index in [FaultTolerancePlugin, PreemptionPlugin], field, value as typed, message).
+PLUGIN_CASES = [
+    (0, "step_timeout", "nan", "FaultTolerancePlugin.step_timeout: must be a finite number, got nan"),
+    (0, "setup_timeout", "-5", "FaultTolerancePlugin.setup_timeout: must be a number > 0, got -5.0"),
+    (0, "workload_check_interval", "inf", "FaultTolerancePlugin.workload_check_interval: must be a finite number, "
+                                          "got inf"),
+    (0, "initial_rank_heartbeat_timeout", "nan",
+     "FaultTolerancePlugin.initial_rank_heartbeat_timeout: must be a finite number, got nan"),
+    (0, "num_in_job_restarts", "-1", "FaultTolerancePlugin.num_in_job_restarts: must be an integer >= 0, got -1"),
+    (0, "log_level", "LOUD",
+     "FaultTolerancePlugin.log_level: must be one of ['DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL'], got 'LOUD'"),
+    (1, "preempt_time", "0", "PreemptionPlugin.preempt_time: must be an integer >= 1, got 0"),
+    (1, "signal", "SIGKILL", f"PreemptionPlugin.signal: must be one of {SIGNALS}, got 'SIGKILL'"),
+    (1, "preempt_time", "20000", "PreemptionPlugin.preempt_time: must be below the executor's time limit "
+                                 "executor.time='04:00:00' (14400 s), got 20000"),
+]
+
+# Executor fields: ({field: value as typed}, {plugin field: value}, message).
+EXECUTOR_CASES = [
+    ({"account": ""}, {}, "executor.account: must be a Slurm account name, got ''"),
+    ({"time": "soon"}, {}, "executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got 'soon'"),
+    ({"time": ""}, {}, "executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got ''"),
+    ({"time": "1:2:3:4"}, {}, "executor.time: must be a Slurm time like '01:30:00' or '1-00:00:00', got '1:2:3:4'"),
+    ({"time": "01:30"}, {"preempt_time": "120"},
+     "PreemptionPlugin.preempt_time: must be below the executor's time limit executor.time='01:30' (90 s), got 120"),
+    ({"time": "1"}, {}, "PreemptionPlugin.preempt_time: must be below the executor's time limit executor.time='1' "
+                        "(60 s), got 60"),
+    ({"nodes": "0"}, {}, "executor.nodes: must be an integer >= 1, got 0"),
+    ({"ntasks_per_node": "0"}, {}, "executor.ntasks_per_node: must be an integer >= 1, got 0"),
+]
+
+# Recipe arguments: (recipe, {argument: value as typed}, message).
+RECIPE_CASES = [
+    ("gpt_126m", {"num_nodes": "two"}, "num_nodes: must be an integer, got 'two'"),
+    ("gpt_126m", {"num_nodes": "0"}, "num_nodes: must be an integer >= 1, got 0"),
+    ("gpt_tiny", {"num_gpus_per_node": "0"}, "num_gpus_per_node: must be an integer >= 1, got 0"),
+    ("gpt_126m", {"name": "a/b"}, "name: must be a non-empty string without '/', got 'a/b'"),
+    ("gpt_7b", {"num_gpus_per_node": "1"},
+     "num_nodes * num_gpus_per_node: must be a multiple of gpt_7b's tensor x pipeline parallel size 2x1=2 "
+     "(or override parallel.*), got 1"),
+]
+
+
+# --- the three interfaces ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A private NEMORUN_HOME (LocalTunnel job dir = its experiments folder, as nemo_run requires)."""
+    from nemo_run.config import get_nemorun_home, set_nemorun_home
+
+    path = tmp_path_factory.mktemp("nemo_run_home")
+    saved = get_nemorun_home()
+    set_nemorun_home(str(path))
+    yield path
+    set_nemorun_home(saved)
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    (tmp_path / "afile").write_text("not a folder")
+    return tmp_path
+
+
+def fill(items, tmp):
+    return [item.replace("{tmp}", str(tmp)) for item in items]
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(["megatron_resilience", "pretrain", *args], standalone_mode=False)
+    return code or 0, out.getvalue(), err.getvalue()
+
+
+def cli_slurm(tmp, *args: str, plugins: str = "resilience") -> tuple[int, str, str]:
+    return cli(f"run_dir={tmp}/run", "run.executor=slurm", "run.executor.account=acct",
+               "run.executor.partition=batch", "run.executor.nodes=1", "run.executor.ntasks_per_node=2",
+               "run.executor.gpus_per_node=null", f"run.plugins={plugins}", "--dryrun", *args)
+
+
+def assert_cli_rejects(result, message):
+    code, out, err = result
+    assert (code, err) == (1, f"Error: {message}\n")
+    assert "# sbatch script" not in out and "final config" not in out  # nothing rendered, nothing submitted
+
+
+def python_task(tmp, overrides):
+    """A ``run.Partial`` of pretrain with every section at its defaults, then each override set as an attribute:
+    the typed value, or the raw text where it does not parse (a string where a number belongs)."""
+    task = run.Partial(pretrain, run_dir=f"{tmp}/run",
+                       **{s: run.Config(typing.get_type_hints(PretrainConfig)[s]) for s in SECTIONS})
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        section, _, name = key.partition(".")
+        try:
+            value = parse_override(item)[2]
+        except ConfigError:
+            value = raw
+        setattr(getattr(task, section), name, value) if name else setattr(task, section, value)
+    return task
+
+
+def slurm_executor(home, **changes):
+    fields = dict(account="acct", partition="batch", nodes=1, ntasks_per_node=2, gpus_per_node=None,
+                  time="04:00:00", tunnel=run.LocalTunnel(job_dir=str(home / "experiments")))
+    return run.SlurmExecutor(**{**fields, **changes})
+
+
+def assert_python_rejects(home, task, executor_changes, plugins, message, nan_key=None):
+    with pytest.raises(ConfigError) as err:
+        preview(task, slurm_executor(home, **executor_changes), plugins())
+    assert str(err.value) == message
+    before = sorted(str(p) for p in home.rglob("*"))
+    if nan_key:
+        # run.Experiment round-trips a run.Partial through its serializer before any plugin sees it, and NaN
+        # != NaN: nemo_run itself refuses the task first, naming the path (still nothing submitted).
+        with pytest.raises(RuntimeError, match=re.escape(f"{{'.{nan_key}': nan}}")):
+            run.run(task, executor=slurm_executor(home, **executor_changes), plugins=plugins(), dryrun=True)
+    else:
+        with pytest.raises(ConfigError) as err:
+            run.run(task, executor=slurm_executor(home, **executor_changes), plugins=plugins(), dryrun=True)
+        assert str(err.value) == message
+    assert sorted(str(p) for p in home.rglob("*")) == before  # nothing written: no sbatch file, no job folder
+
+
+def both_plugins(**changes):
+    return lambda: [FaultTolerancePlugin(**{k: v for k, v in changes.items() if k in FT_FIELDS}),
+                    PreemptionPlugin(**{k: v for k, v in changes.items() if k not in FT_FIELDS})]
+
+
+FT_FIELDS = {f.name for f in dataclasses.fields(FaultTolerancePlugin)}
+
+
+def typed(cls, name, raw):
+    return parse_value(name, raw, typing.get_type_hints(cls)[name])
+
+
+@pytest.fixture
+def trainer(monkeypatch):
+    """``python -m megatron_resilience ARGS`` in this process, 2 ranks: returns its exit message."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the trainer went past its checks into setup")
+
+    monkeypatch.setattr(runtime_pretrain, "build_hooks", reached)
+
+    def call(*args: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            trainer_cli.main(list(args))
+        return str(exit_.value.code)
+
+    return call
+
+
+# --- the table -----------------------------------------------------------------------------------------------
+
+
+def _id(case):
+    return case[0][-1][:40]
+
+
+@pytest.mark.parametrize("overrides, message, where", TASK_CASES, ids=[_id(c) for c in TASK_CASES])
+def test_task_input_rejected_alike_everywhere(overrides, message, where, tmp, home, trainer):
+    overrides, message = fill(overrides, tmp), message.replace("{tmp}", str(tmp))
+    if "c" in where:
+        assert_cli_rejects(cli_slurm(tmp, *overrides), message)
+    if "p" in where:
+        nan_key = next((o.split("=")[0] for o in overrides if o.endswith("=nan")), None)
+        assert_python_rejects(home, python_task(tmp, overrides), {}, both_plugins(), message, nan_key)
+    else:  # Fiddle refuses an unknown attribute on the task when it is set, naming the valid ones
+        section, _, name = overrides[0].split("=")[0].partition(".")
+        task = python_task(tmp, [])
+        if section not in SECTIONS:
+            with pytest.raises(AttributeError, match=f"No parameter named '{section}' exists"):
+                setattr(task, section, 3)
+        elif name and name not in typing.get_type_hints(typing.get_type_hints(PretrainConfig)[section]):
+            with pytest.raises(AttributeError, match=f"No parameter named '{name}' exists"):
+                setattr(getattr(task, section), name, 3)
+    if "t" in where:
+        assert trainer(f"run_dir={tmp}/run", *overrides) == f"megatron_resilience: {message}"
+
+
+@pytest.mark.parametrize("index, name, raw, message", PLUGIN_CASES, ids=[f"{c[1]}={c[2]}" for c in PLUGIN_CASES])
+def test_plugin_input_rejected_alike(index, name, raw, message, tmp, home):
+    assert_cli_rejects(cli_slurm(tmp, f"run.plugins[{index}].{name}={raw}"), message)
+    cls = (FaultTolerancePlugin, PreemptionPlugin)[index]
+    assert_python_rejects(home, python_task(tmp, []), {}, both_plugins(**{name: typed(cls, name, raw)}), message)
+
+
+@pytest.mark.parametrize("executor, plugin, message", EXECUTOR_CASES, ids=[str(c[0]) for c in EXECUTOR_CASES])
+def test_executor_input_rejected_alike(executor, plugin, message, tmp, home):
+    args = [f"run.executor.{k}={v}" for k, v in executor.items()]
+    args += [f"run.plugins[1].{k}={v}" for k, v in plugin.items()]
+    assert_cli_rejects(cli_slurm(tmp, *args), message)
+    changes = {k: typed(run.SlurmExecutor, k, v) for k, v in executor.items()}
+    assert_python_rejects(home, python_task(tmp, []), changes,
+                          both_plugins(**{k: typed(PreemptionPlugin, k, v) for k, v in plugin.items()}), message)
+
+
+@pytest.mark.parametrize("recipe, arguments, message", RECIPE_CASES, ids=[f"{c[0]}{c[1]}" for c in RECIPE_CASES])
+def test_recipe_arguments_rejected_alike(recipe, arguments, message, tmp):
+    spec = f"{recipe}({','.join(f'{k}={v}' for k, v in arguments.items())})"
+    code, out, err = cli("--factory", spec, "--dryrun")
+    assert_cli_rejects((code, out, err), message)
+    fn = RECIPES[recipe]
+    hints = typing.get_type_hints(fn)
+    kwargs = {}
+    for key, raw in arguments.items():
+        try:
+            kwargs[key] = parse_value(key, raw, hints[key])
+        except ConfigError:
+            kwargs[key] = raw  # as a Python user would pass it
+    with pytest.raises(ConfigError) as err_:
+        fn(dir=str(tmp), **kwargs)
+    assert str(err_.value) == message
+
+
+def test_the_table_has_at_least_60_bad_inputs():
+    assert len(TASK_CASES) + len(PLUGIN_CASES) + len(EXECUTOR_CASES) + len(RECIPE_CASES) >= 60
+    assert sum("p" in w for *_, w in TASK_CASES) >= 50  # all three interfaces
+
+
+def test_cli_options_never_say_unexpected_error(tmp):
+    cases = {
+        ("run.plugins=[resilience,preemption]",):
+            "run.plugins=[resilience,preemption]: PreemptionPlugin is given twice (resilience = ft + preemption); "
+            "give each plugin once",
+        ("run.plugins=fault",): "run.plugins=fault: unknown plugin 'fault'; plugins: ft, preemption, resilience",
+        ("run.executor.nodes=two",): "executor.nodes: must be an integer, got 'two'",
+        ("run.executor.acount=x",): "executor.acount: unknown key; did you mean executor.account? valid keys: ",
+        ("run.plugin=ft",): "run.plugin: unknown run option; did you mean run.plugins? run options: run.executor, ",
+        ("run.plugins.preempt_tim=10",):
+            "plugins.preempt_tim: unknown key; did you mean plugins.preempt_time? valid keys: ",
+    }
+    for args, message in cases.items():
+        code, out, err = cli_slurm(tmp, *args)
+        assert code == 1 and err.startswith(f"Error: {message}") and err.count("\n") == 1, (args, err)
+    code, _, err = cli("--factory", "gpt_999", "--dryrun")
+    assert (code, err) == (1, "Error: --factory gpt_999: unknown recipe; recipes: gpt_tiny, gpt_126m, gpt_350m, "
+                              "gpt_1_3b, gpt_7b\n")
+    code, _, err = cli("--factory", "gpt_126m(num_node=2)", "--dryrun")
+    assert (code, err) == (1, "Error: num_node: unknown argument of gpt_126m; did you mean num_nodes? "
+                              "arguments: dir, name, num_nodes, num_gpus_per_node\n")
+
+
+# --- accepted: what Slurm accepts passes -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("time", ["0", "UNLIMITED", "infinite", "-1", "2-", "1-12", "1-12:30", "1-12:30:15", "90",
+                                  "01:30:00"])
+def test_slurm_time_limits_slurm_accepts_pass(time, tmp, home):
+    script = preview(python_task(tmp, []), slurm_executor(home, time=time), both_plugins()())
+    assert f"#SBATCH --time={time}" in script
+
+
+def test_minutes_seconds_limit_is_logged(tmp, home, caplog):
+    with caplog.at_level("WARNING", logger="megatron_resilience.plugins"):
+        preview(python_task(tmp, []), slurm_executor(home, time="01:30"), both_plugins()())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "executor.time='01:30' is 1 min 30 s to Slurm (minutes:seconds); for 1 h 30 min write '01:30:00'"]
+
+
+def test_shell_variables_in_an_inline_script_are_not_checked_at_submit_time(home):
+    task = run.Script(inline="python -m megatron_resilience run_dir=$RUN_DIR train.max_steps=$STEPS optim.lr=0.1")
+    script = preview(task, slurm_executor(home), [PreemptionPlugin()], with_scripts=True)
+    assert "exec python -m megatron_resilience run_dir=$RUN_DIR train.max_steps=$STEPS" in script
+    bad = run.Script(inline="python -m megatron_resilience run_dir=$RUN_DIR optim.lr=nan")
+    with pytest.raises(ConfigError, match=r"^optim.lr: must be a finite number, got nan$"):
+        preview(bad, slurm_executor(home), [PreemptionPlugin()])
+
+
+def test_script_task_in_module_form_is_checked(home, tmp):
+    task = run.Script(path="megatron_resilience", m=True, entrypoint="python",
+                      args=[f"run_dir={tmp}/run", "checkpoint.save=/proc/ckpt"])
+    with pytest.raises(ConfigError, match=r"^checkpoint.save: must be a writable directory, got '/proc/ckpt'"):
+        preview(task, slurm_executor(home), [])
