@@ -25,6 +25,8 @@ reference run computes exactly like each rank of a 2-process run.
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import signal
 import subprocess
@@ -33,6 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -40,6 +44,22 @@ if str(REPO) not in sys.path:
 from megatron_resilience.runtime.metrics import read_metrics as _read_metrics  # noqa: E402  (no torch import)
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A NeMo-Run ``Experiment`` (``run.run``, the CLI, dry runs) replaces the root logger's handlers with a
+    RichHandler when created, and its ``__del__`` removes whatever handler is first on the root logger
+    (nemo_run 0.11.1). In one test process that would strip pytest's capture handlers from a later test,
+    whenever the garbage collector gets to the experiment. So a test that touched the root handlers has its
+    experiments collected now and the handlers put back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    if root.handlers != handlers or root.level != level:
+        gc.collect()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def pytest_report_header(config):
