@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from resilience_support.stop import finish_record, finished_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -94,8 +95,7 @@ def _assert_the_run_itself_matches_the_summary(run_dir: str) -> None:
         assert (common["step"], common["consumed_samples"]) == (step, step * 8)
     with open(os.path.join(run_dir, "stop_reason.json")) as f:
         stop = json.load(f)
-    assert {k: stop.get(k) for k in ("reason", "step", "exit_code", "finished", "checkpoint_step", "lost_steps")} == {
-        "reason": "finished", "step": 40, "exit_code": 0, "finished": True, "checkpoint_step": 40, "lost_steps": 0}
+    assert finish_record(stop) == finished_at(40)
 
 
 def _console_blocks(markdown: str) -> list[tuple[str, list[str]]]:

@@ -18,6 +18,7 @@ import time
 from megatron_resilience import upstream
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.paths import check_paths
+from megatron_resilience.resilience import build_hooks
 from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
@@ -44,16 +45,6 @@ def _setup_logging(rank: int) -> None:
     logging.getLogger("megatron_resilience").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logging.getLogger("megatron").setLevel(logging.WARNING)
     silence_harmless_warnings()
-
-
-def build_hooks(config: PretrainConfig, *, rank: int, world_size: int) -> TrainingHooks:
-    """The resilience hooks when ``megatron_resilience.resilience.build_hooks`` exists, else no-op hooks."""
-    import megatron_resilience.resilience as resilience
-
-    factory = getattr(resilience, "build_hooks", None)
-    if factory is None:
-        return TrainingHooks()
-    return factory(config, rank=rank, world_size=world_size)
 
 
 def _init_rerun_state_machine(config: PretrainConfig) -> None:

@@ -25,6 +25,7 @@ import threading
 import pytest
 from loadgen import saturated
 from resilience_support.agents import free_port
+from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import SlurmCluster, use_cluster, wait_for_job
@@ -97,9 +98,7 @@ def jobs(cluster, nemorun_home, slurm_tmp):
 
 def _assert_finished(job: Job) -> None:
     stop = job.stop_reason()
-    assert {k: stop.get(k) for k in ("reason", "step", "exit_code", "finished", "checkpoint_step", "lost_steps")} == {
-        "reason": "finished", "step": STEPS, "exit_code": 0, "finished": True, "checkpoint_step": STEPS,
-        "lost_steps": 0}, job.describe()
+    assert finish_record(stop) == finished_at(STEPS), job.describe()
 
 
 def _restart_log(job: Job, restart: int) -> str:

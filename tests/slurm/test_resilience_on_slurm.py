@@ -30,6 +30,7 @@ import threading
 import time
 
 import pytest
+from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import wait_for_job
@@ -270,9 +271,7 @@ def _assert_resumed_and_completed(job: Job, finals: dict, *, max_steps: int, ran
         assert sorted(expected) == list(range(1, max_steps + 1)), ref.describe()
         assert job.losses() == expected  # bit-identical per-step losses: nothing computed differently
     stop = job.stop_reason()
-    assert {k: stop[k] for k in ("reason", "step", "exit_code", "finished", "checkpoint_step", "lost_steps")} == {
-        "reason": "finished", "step": max_steps, "exit_code": 0, "finished": True, "checkpoint_step": max_steps,
-        "lost_steps": 0}
+    assert finish_record(stop) == finished_at(max_steps)
     return stopped
 
 
