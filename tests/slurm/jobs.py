@@ -69,8 +69,13 @@ class Job:
             return json.load(f)
 
     def describe(self) -> str:
-        """For assertion messages: Slurm's view and the log's tail."""
-        return f"{self.name} (job {self.slurm_id}): {self.info()}\n{self.attempts()}\n{self.log()[-6000:]}"
+        """For assertion messages: Slurm's view, then the tail of each log, the trainer's newest attempt first
+        (what ended the job; a CI report shows the start of a long message), the batch script's last."""
+        files = sorted(glob.glob(os.path.join(self.job_dir, "*.out")), key=lambda p: (
+            os.path.basename(p).startswith("sbatch_"), -os.path.getmtime(p)))
+        tails = "".join(f"\n==> {os.path.basename(p)} (tail) <==\n" + open(p, errors="replace").read()[-2500:]
+                        for p in files)
+        return f"{self.name} (job {self.slurm_id}): {self.info()}\n{self.attempts()}{tails}"
 
 
 def submit(name: str, task: Any, executor: Any, plugins: list[Any] = (), *, run_dir: str) -> Job:
