@@ -17,7 +17,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from resilience_support.launch import DEFAULT_TIMEOUTS, Run, launch, log_time, wait_for
+from resilience_support.launch import DEFAULT_TIMEOUTS, Run, launch, log_time, run_to_end, wait_for
 from resilience_support.stop import finish_record, finished_at
 
 pytestmark = pytest.mark.slow
@@ -38,41 +38,33 @@ CONFIGURED_STEP_TIMEOUT = 900.0  # the killed run's configured step timeout: the
 def _reference(root):
     # A 300 s floor on learned timeouts: 5 x this run's longest step (~0.1 s; 10 s seen at load average 100; over
     # 60 s the configured step timeout would have ended the run) learns far less, so the floor is what sticks.
-    run = launch(root / "reference", BASE + ["ft.calc_ft_timeouts=true", "ft.min_learned_timeout=300"],
-                 max_restarts=0)
-    run.wait(WAIT)
-    return run
+    return run_to_end(root / "reference", BASE + ["ft.calc_ft_timeouts=true", "ft.min_learned_timeout=300"],
+                      max_restarts=0, timeout=WAIT)
 
 
 def _killed(root):
     # Learned timeouts: the save after step 20 has seen 19 step sections (>= 16), so ft_state.json holds a learned
     # step timeout before the kill at step 25. The floor and the configured step timeout keep healthy steps and
     # saves clear of it under heavy load, and keep learned and configured values apart.
-    run = launch(root / "killed", BASE + [
+    return run_to_end(root / "killed", BASE + [
         "ft.calc_ft_timeouts=true", f"ft.min_learned_timeout={LEARNED_FLOOR}", "ft.simulate_fault=true",
         "ft.simulated_fault_type=rank_killed", "ft.simulated_fault_rank=1", "ft.simulated_fault_step=25"],
-        max_restarts=1, timeouts={"step": CONFIGURED_STEP_TIMEOUT})
-    run.wait(WAIT)
-    return run
+        max_restarts=1, timeouts={"step": CONFIGURED_STEP_TIMEOUT}, timeout=WAIT)
 
 
 def _hung_step(root):
-    run = launch(root / "hung_step", [
+    return run_to_end(root / "hung_step", [
         "train.max_steps=12", "checkpoint.save_interval=4", "ft.simulate_fault=true",
         "ft.simulated_fault_type=rank_hung", "ft.simulated_fault_rank=1", "ft.simulated_fault_step=7"],
-        max_restarts=1, timeouts={"step": HUNG_STEP_TIMEOUT})
-    run.wait(WAIT)
-    return run
+        max_restarts=1, timeouts={"step": HUNG_STEP_TIMEOUT}, timeout=WAIT)
 
 
 def _hung_checkpoint(root):
-    run = launch(root / "hung_ckpt", [
+    return run_to_end(root / "hung_ckpt", [
         "train.max_steps=8", "checkpoint.save_interval=4", "ft.simulate_fault=true",
         "ft.simulated_fault_type=rank_hung", "ft.simulated_fault_rank=0", "ft.simulated_fault_step=4",
         "ft.simulated_fault_section=checkpointing"],
-        max_restarts=0, timeouts={"checkpointing": HUNG_CHECKPOINT_TIMEOUT})
-    run.wait(WAIT)
-    return run
+        max_restarts=0, timeouts={"checkpointing": HUNG_CHECKPOINT_TIMEOUT}, timeout=WAIT)
 
 
 def _preempted(root):
@@ -96,30 +88,24 @@ def _preempted(root):
 
 
 def _heartbeats(root):
-    run = launch(root / "heartbeats", BASE + [
+    return run_to_end(root / "heartbeats", BASE + [
         "ft.mode=heartbeats", "ft.calc_ft_timeouts=true", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_hung",
         "ft.simulated_fault_rank=0", "ft.simulated_fault_step=15"], max_restarts=1,
-        heartbeats=(HEARTBEAT_INITIAL, HEARTBEAT_TIMEOUT))
-    run.wait(WAIT)
-    return run
+        heartbeats=(HEARTBEAT_INITIAL, HEARTBEAT_TIMEOUT), timeout=WAIT)
 
 
 def _rerun(root, kind):
-    run = launch(root / f"rerun_{kind}", [
+    return run_to_end(root / f"rerun_{kind}", [
         "train.max_steps=12", "checkpoint.save_interval=4", "rerun.rerun_mode=validate_results",
-        "rerun.error_injection_rate=8", f"rerun.error_injection_type={kind}"], max_restarts=1)
-    run.wait(WAIT)
-    return run
+        "rerun.error_injection_rate=8", f"rerun.error_injection_type={kind}"], max_restarts=1, timeout=WAIT)
 
 
 def _straggler(root):
-    run = launch(root / "straggler", [
+    return run_to_end(root / "straggler", [
         "train.max_steps=80", "checkpoint.async_save=true", "straggler.enabled=true",
         "straggler.report_time_interval=1", "straggler.stop_if_detected=true", "straggler.simulated_straggler_rank=1",
         "straggler.simulated_straggler_delay=0.1", "straggler.num_gpu_perf_scores_to_print=2"],
-        max_restarts=0, fake_cupti=True)
-    run.wait(WAIT)
-    return run
+        max_restarts=0, fake_cupti=True, timeout=WAIT)
 
 
 def _exhausted(root):
@@ -201,7 +187,9 @@ def test_4_learned_timeouts_persisted_in_ft_state_json_and_used_after_restart(ru
     assert "(learned: checkpointing, step)" in ref.log() and " step=300.00s " in ref.log()
     # Used after a restart: what was saved before the kill is what the restarted ranks connect with.
     log = run.log().splitlines()
-    fault = next(i for i, line in enumerate(log) if "SIMULATED FAULT at" in line)
+    faults = [i for i, line in enumerate(log) if "SIMULATED FAULT at" in line]
+    assert faults, "the fault never fired:\n" + "\n".join(log)[-6000:]
+    fault = faults[0]
     saved = [line for line in log[:fault] if "FT: learned timeouts saved to" in line]
     assert saved and str(run.ckpt / "ft_state.json") in saved[-1]
     assert "(learned: checkpointing, step)" in saved[-1]
@@ -228,7 +216,9 @@ def _assert_hang_detected_in_order(run, *, fault_line: str, detected_line: str, 
     timeout may be longer than the configured one) plus generous slack (2 cores shared by many launches).
     """
     log = run.log().splitlines()
-    fault = next(i for i, line in enumerate(log) if "SIMULATED FAULT at" in line)
+    faults = [i for i, line in enumerate(log) if "SIMULATED FAULT at" in line]
+    assert faults, "the fault never fired:\n" + "\n".join(log)[-6000:]
+    fault = faults[0]
     assert fault_line in log[fault], log[fault]
     detected = [i for i, line in enumerate(log) if detected_line in line]
     restarts = [i for i, line in enumerate(log) if "will restart worker group" in line]

@@ -134,6 +134,30 @@ def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeou
     return Run(run_dir=run_dir, proc=proc, started=time.monotonic())
 
 
+PORT_CLASH = "EADDRINUSE"
+
+
+def run_to_end(run_dir: Path, overrides: list[str], *, timeout: float, **kwargs) -> Run:
+    """``launch`` and wait, for a run nothing interacts with; once more in a fresh folder if its workers lost
+    their store's port to another process.
+
+    ft_launcher (c10d rendezvous, nvidia-resiliency-ext 0.4.1) picks ``MASTER_PORT`` for the workers by binding
+    a free port and closing it; rank 0 binds it again seconds later. With a dozen launches and their gloo
+    connections on one machine, another socket can take that port in between (``EADDRINUSE``): the group
+    restarts before anything was injected, and a fault that fires only on a first attempt never fires. That is
+    this machine's crowding, not the behaviour under test, so it gets one fresh launch; the first is kept aside.
+    """
+    run = launch(run_dir, overrides, **kwargs)
+    run.wait(timeout)
+    if PORT_CLASH in run.log():
+        aside = run_dir.with_name(run_dir.name + ".port_clash")
+        run_dir.rename(aside)
+        run = launch(run_dir, overrides, **kwargs)
+        run.wait(timeout)
+        run.extra["port_clash_run"] = str(aside)
+    return run
+
+
 def wait_for(predicate, *, timeout: float, interval: float = 0.2, what: str = "condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
