@@ -151,6 +151,10 @@ CASES = {
         expect={"error_type": "python_exception", "source": "log",
                 "fields": {"exception": "KeyError", "rank": "1"}},
         decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "store_port_in_use": case(  # rank 0's TCPStore could not bind MASTER_PORT (seen under a crowded test run)
+        "store_port_in_use.log", exit_code=1,
+        expect={"error_type": "communication_error", "source": "log", "fields": {"port": "45011"}},
+        decisions=("requeue", "requeue", "requeue", "stop", "requeue")),
     "xid_fell_off_bus": case(
         "xid_fell_off_bus.log", exit_code=1, nodes=("nid002544", "nid002545"),
         expect={"error_type": "xid_error", "source": "log", "hosts": ["nid002544"], "fields": {"xid": "79"}},
