@@ -312,7 +312,14 @@ def test_6_rerun_transient_error_exits_17_without_restart_and_persistent_exits_1
     assert r17.returncode != 0
     stop = r17.stop_reason()
     assert stop["reason"] == "rerun:17" and stop["exit_code"] == 17
-    assert r17.checkpoint_steps()[-1] == stop["step"] == max(r17.losses())  # saved for examination
+    assert stop["step"] == max(r17.losses())
+    # Whether exit 17 saves is Megatron-Core's call, and it changed: 0.16 saves the last step for examination,
+    # 0.19 says the job can resume from a previous checkpoint and saves nothing.
+    if "A checkpoint at the last iteration is being saved" in log17:
+        assert r17.checkpoint_steps()[-1] == stop["step"], log17[-3000:]
+    else:
+        assert "The job can be resumed from a previous checkpoint" in log17, log17[-3000:]
+        assert "(rerun state machine, exit code 17)" not in log17
     assert r17.flag.exists()  # 17: stop, no job-level retry
 
     log16 = r16.log()

@@ -140,6 +140,11 @@ class ResilienceHooks(TrainingHooks):
             return None  # nothing to agree on: no collective
         return self._agree(state, straggler_stop=straggler_stop, before_training=False)
 
+    def signal_before_save(self, state: TrainState) -> str | None:
+        if self.signals is None:
+            return None  # nothing to agree on: no collective
+        return self._agree(state, straggler_stop=False, before_training=False)
+
     def _agree(self, state: TrainState, *, straggler_stop: bool, before_training: bool) -> str | None:
         """One all-reduce: [signal seen, straggler stop, -first signal time] (max over ranks)."""
         signals = self.signals

@@ -51,6 +51,14 @@ class TrainingHooks:
         """
         return None
 
+    def signal_before_save(self, state: TrainState) -> str | None:
+        """Called on every rank right before a periodic save; a stop reason agreed by all ranks, or None.
+
+        A signal that came during the step must not wait behind a save that may outlast the grace period:
+        the loop stops at once instead, and the stop's own save (after the stop is recorded) covers the step.
+        """
+        return None
+
     def stop_record(self) -> tuple[str, dict] | None:
         """After a stop was agreed: a metrics.jsonl record about it (kind, fields), e.g. the signal; or None."""
         return None

@@ -321,10 +321,13 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
                 ctx.metrics.eval(step=step, eval_loss=evaluate(ctx))
         poll_async_checkpoints(ctx)
         if ctx.checkpoints.should_save(step) and step != t.max_steps:
-            save_checkpoint(ctx, "interval")
-            last_saved = step
+            # A signal from this step stops the run first: its stop is recorded before any slow save starts.
+            stop = hooks.signal_before_save(state)
+            if not stop:
+                save_checkpoint(ctx, "interval")
+                last_saved = step
         # After the periodic save: a signal that arrived during it stops the run right away ("already saved").
-        stop = hooks.after_step(state)
+        stop = stop or hooks.after_step(state)
         if stop is None and duration_exceeded(ctx):
             stop = DURATION
         if stop:
