@@ -101,12 +101,12 @@ class ResilienceHooks(TrainingHooks):
     @contextmanager
     def step_section(self, step: int) -> Iterator[None]:
         section = self.ft.step() if self.ft is not None else _null()
-        self._phase(f"step {step}")
+        self._phase(f"step {step}", step - 1)
         with section:
             self.fault.at_step_start(step)
             yield
         self.last_step = step
-        self._phase(f"after step {step}")
+        self._phase(f"after step {step}", step)
 
     def wrap_train_step(self, train_step: Callable[[], Any]) -> Callable[[], Any]:
         return self.straggler.wrap(train_step)
@@ -120,15 +120,16 @@ class ResilienceHooks(TrainingHooks):
     @contextmanager
     def checkpoint_section(self) -> Iterator[None]:
         section = self.ft.checkpointing() if self.ft is not None else _null()
-        self._phase(f"checkpoint save of step {self.last_step}")
+        self._phase(f"checkpoint save of step {self.last_step}", self.last_step)
         with section:
             self.fault.in_checkpointing(self.last_step)
             yield
-        self._phase(f"after step {self.last_step}")
+        self._phase(f"after step {self.last_step}", self.last_step)
 
     def stop_requested(self, state: TrainState) -> str | None:
         """Before the first step: the exit signal came at the end of setup (agreed by all ranks): stop untrained."""
-        self._phase(f"end of setup (step {state.step})")  # from here on a signal is agreed on, not acted on alone
+        # from here on a signal is agreed on, not acted on alone
+        self._phase(f"end of setup (step {state.step})", state.step)
         if self.signals is None:
             return None
         return self._agree(state, straggler_stop=False, before_training=True)
@@ -194,7 +195,7 @@ class ResilienceHooks(TrainingHooks):
         if self._closed:
             return
         self._closed = True
-        self._phase("exit")
+        self._phase("exit", None)
         reason = exit_codes.normalize_reason(reason)
         code = exit_codes.exit_code_for(reason)
         if self.ft is not None:
@@ -233,9 +234,9 @@ class ResilienceHooks(TrainingHooks):
             pass
         self.log.info(f"marked the job as not to be requeued ({reason}): touched {path}")
 
-    def _phase(self, what: str) -> None:
+    def _phase(self, what: str, completed_step: int | None) -> None:
         if self.signals is not None:
-            self.signals.phase = what
+            self.signals.phase, self.signals.completed_step = what, completed_step
 
     def _write_stop_reason(self, state: TrainState, reason: str, code: int, *, checkpoint_step: int | None = None,
                            checkpoint_at_stop: str | None = None) -> None:

@@ -55,6 +55,7 @@ class DistributedSignalHandler:
         self.received_during: str | None = None  # what the process was doing then (``phase``)
         self.count = 0
         self.phase = "setup"  # set by the hooks: "setup", "step 12", "checkpoint save of step 20", "exit"
+        self.completed_step: int | None = None  # the last step trained when ``phase`` was set (None in setup)
         self.run_dir: str | None = None  # where to leave stop_reason.json when exiting during setup
         self.checkpoint_root: str | None = None
         self._reported = 0  # signals already logged
@@ -73,10 +74,26 @@ class DistributedSignalHandler:
         if self.received_at is None:
             self.received_at = time.time()
             self.received_during = self.phase
+        first = self.count == 0
         self.count += 1
         self.received = True
         if self.phase == "setup" and self.run_dir is not None:
             self._leave_during_setup()
+        elif first and self.rank == 0 and self.run_dir is not None and self.completed_step is not None:
+            self._record_pending_stop()
+
+    def _record_pending_stop(self) -> None:
+        """stop_reason.json says "stopped by the signal" from the moment it arrives, before the ranks agree on
+        the stop: a save already under way (a slow periodic save) may outlast the launcher's grace period, and
+        the attempt must still read as preempted (requeued, resuming from the newest complete checkpoint).
+        The stop itself rewrites it with the exact step. Only ``os``-level writes (see ``_handle``)."""
+        from megatron_resilience.runtime.checkpoint_layout import read_tracker  # stdlib only at import
+
+        tracked = read_tracker(self.checkpoint_root) if self.checkpoint_root else None
+        write_stop_reason(self.run_dir, {
+            "reason": "signal", "step": self.completed_step, "exit_code": 0, "finished": False,
+            "checkpoint_step": tracked, "lost_steps": self.completed_step - (tracked or 0),
+            "checkpoint_at_stop": "pending", "signal": self.describe()})
 
     def _leave_during_setup(self) -> None:
         """Exit 0 now: nothing was trained, so nothing is lost. Only ``os``-level writes (see ``_handle``)."""

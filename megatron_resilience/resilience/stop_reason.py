@@ -26,7 +26,7 @@ def write_stop_reason(run_dir: str, record: dict[str, Any]) -> str:
     """Atomically replace ``<run_dir>/stop_reason.json`` with ``record``; returns its path."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, STOP_REASON_FILE)
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = f"{path}.tmp.{os.getpid()}.{time.monotonic_ns()}"  # unique: the signal handler may interrupt a write
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, json.dumps(record).encode())
