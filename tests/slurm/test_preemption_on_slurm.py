@@ -216,9 +216,12 @@ def test_signal_inside_the_first_periodic_save_then_twice_in_a_row(jobs):
     assert in_save["received_during"] == "checkpoint save of step 10" and in_save["step"] == 10, in_save
     assert [(s["step"], s["attempt"]["slurm_restart"]) for s in _starts(job)][:2] == [(0, 0), (10, 1)], \
         job.describe()
-    # Attempt 1: two signals in a row: one stop, one checkpoint, both logged.
+    # Attempt 1: two signals in a row: one stop, one checkpoint. The second changes nothing, whether it lands
+    # before the ranks agree on the stop (they log "received SIGTERM 2 times") or while torchrun is already
+    # shutting the stopped workers down (its second "got signal: 15").
     second = attempt_log(job, 1)
-    assert "received SIGTERM 2 times" in second or twice["count"] == 2, second[-6000:]
+    assert "received SIGTERM 2 times" in second or twice["count"] == 2 or second.count("got signal: 15") >= 2, \
+        second[-6000:]
     assert [s["step"] for s in _starts(job)][2] == twice["step"], job.describe()
     assert twice["step"] in [c["step"] for c in _checkpoints(job)], job.describe()
     _assert_same_losses(job, js["ref"])
