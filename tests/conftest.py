@@ -112,14 +112,21 @@ def read_metrics(run_dir: str | os.PathLike, kind: str | None = "train") -> list
 
 
 def read_checkpoint(path: str | os.PathLike, scratch: str | os.PathLike) -> dict:
-    """``{"sharded": ..., "common": ...}`` of a dist checkpoint (torch_dist shards + common.pt), read without a
-    process group through ``scratch`` (a file path; torch's DCP-to-torch.save converter reassembles shards)."""
+    """``{"sharded": ..., "common": ...}`` of a dist checkpoint, read without a process group through ``scratch``
+    (a file path; torch's DCP-to-torch.save converter reassembles shards). The common state (step, scheduler, data
+    position) is ``common.pt`` up to megatron-core 0.16 and one object inside the shards from 0.17 on."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     dcp_to_torch_save(str(path), str(scratch))
-    return {"sharded": torch.load(scratch, weights_only=False),
-            "common": torch.load(os.path.join(path, "common.pt"), weights_only=False)}
+    sharded = torch.load(scratch, weights_only=False)
+    common_file = os.path.join(path, "common.pt")
+    if os.path.exists(common_file):
+        common = torch.load(common_file, weights_only=False)
+    else:
+        [key] = [k for k in sharded if k.startswith("common_state/")]
+        [common] = sharded.pop(key)
+    return {"sharded": sharded, "common": common}
 
 
 def tree_equal(a, b) -> bool:

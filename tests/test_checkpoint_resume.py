@@ -24,32 +24,6 @@ def _finish(launch) -> str:
     return proc.stdout
 
 
-def _equal(a, b) -> bool:
-    import numpy as np
-    import torch
-
-    if torch.is_tensor(a):
-        return torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and np.array_equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _read_checkpoint(path: str, tmp_path) -> dict:
-    """Every tensor and object of a dist checkpoint (torch_dist shards + common.pt), read without a process group."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = str(tmp_path / (os.path.basename(os.path.dirname(os.path.dirname(path))) + ".pt"))
-    dcp_to_torch_save(path, out)
-    return {"sharded": torch.load(out, weights_only=False),
-            "common": torch.load(os.path.join(path, "common.pt"), weights_only=False)}
-
-
 @pytest.mark.slow
 def test_exact_resume_dp2(tmp_path):
     """The issue's proof: DP=2 on CPU, 20 steps straight == 10 steps, exit, resume, 10 more, bitwise.
@@ -57,7 +31,7 @@ def test_exact_resume_dp2(tmp_path):
     The straight run also saves asynchronously with keep_last_n=2, so the same comparison shows
     that async and sync saves write identical checkpoints and that retention works under torchrun.
     """
-    from conftest import read_metrics
+    from conftest import read_checkpoint, read_metrics, tree_equal
 
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     first = _launch(straight, "train.max_steps=20", "checkpoint.async_save=true", "checkpoint.keep_last_n=2")
@@ -80,12 +54,12 @@ def test_exact_resume_dp2(tmp_path):
     assert "keep_last_n=2 removed" in straight_log and "scheduled async save of step 20" in straight_log
     assert sorted(os.listdir(f"{resumed}/ckpt")) == [
         "iter_0000005", "iter_0000010", "iter_0000015", "iter_0000020", "latest_checkpointed_iteration.txt"]
-    final = _read_checkpoint(f"{straight}/ckpt/iter_0000020", tmp_path)
-    final_resumed = _read_checkpoint(f"{resumed}/ckpt/iter_0000020", tmp_path)
+    final = read_checkpoint(f"{straight}/ckpt/iter_0000020", tmp_path / "straight.pt")
+    final_resumed = read_checkpoint(f"{resumed}/ckpt/iter_0000020", tmp_path / "resumed.pt")
     weights = [k for k in final["sharded"] if k.startswith("decoder.") or k.startswith("embedding.")]
     assert len(weights) > 20 and any(k.startswith("optimizer.state.exp_avg.") for k in final["sharded"])
     assert sorted(k for k in final["sharded"] if k.startswith("rng_state")) == ["rng_state/shard_0_2",
                                                                                 "rng_state/shard_1_2"]
-    assert _equal(final["sharded"], final_resumed["sharded"])  # weights, Adam moments, per-rank RNG states
-    assert _equal(final["common"], final_resumed["common"])  # step, consumed samples, scheduler, param groups
+    assert tree_equal(final["sharded"], final_resumed["sharded"])  # weights, Adam moments, per-rank RNG states
+    assert tree_equal(final["common"], final_resumed["common"])  # step, consumed samples, scheduler, param groups
     assert final["common"]["step"] == 20 and final["common"]["consumed_samples"] == 160

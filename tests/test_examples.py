@@ -55,7 +55,7 @@ def test_make_demo_survives_a_killed_rank_with_zero_lost_steps(tmp_path):
     summary = json.load(open(summary_path))
     assert (summary["lost_steps"], summary["restarts"], summary["resumed_from"], summary["checkpoints"]) == \
         (0, 1, [20], [10, 20, 30, 40])
-    _assert_the_run_itself_matches_the_summary(os.path.dirname(summary_path))
+    _assert_the_run_itself_matches_the_summary(os.path.dirname(summary_path), tmp_path)
     # The restart really went through ft_launcher: its log names the dead rank and the restart.
     launcher_log = "".join(open(os.path.join(d, f), errors="replace").read()
                            for d, _, files in os.walk(tmp_path / "nemo_run_home") for f in files
@@ -66,9 +66,9 @@ def test_make_demo_survives_a_killed_rank_with_zero_lost_steps(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
 
 
-def _assert_the_run_itself_matches_the_summary(run_dir: str) -> None:
+def _assert_the_run_itself_matches_the_summary(run_dir: str, scratch) -> None:
     """What the summary claims, read independently from the trainer's own records and the checkpoint files."""
-    import torch
+    from conftest import read_checkpoint
 
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
@@ -91,7 +91,7 @@ def _assert_the_run_itself_matches_the_summary(run_dir: str) -> None:
                                         "latest_checkpointed_iteration.txt"]
     assert open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip() == "40"
     for step in (10, 20, 30, 40):
-        common = torch.load(os.path.join(ckpt, f"iter_{step:07d}", "common.pt"), weights_only=False)
+        common = read_checkpoint(os.path.join(ckpt, f"iter_{step:07d}"), scratch / f"scratch_{step}.pt")["common"]
         assert (common["step"], common["consumed_samples"]) == (step, step * 8)
     with open(os.path.join(run_dir, "stop_reason.json")) as f:
         stop = json.load(f)
