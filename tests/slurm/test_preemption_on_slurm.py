@@ -102,6 +102,17 @@ def contains(marker: str):
     return lambda text: marker in text
 
 
+def held(ready, seconds: float):
+    """``ready``, then ``seconds`` more (checked by the aim's polling)."""
+    since: list[float] = []
+
+    def check(text: str) -> bool:
+        if not since and ready(text):
+            since.append(time.monotonic())
+        return bool(since) and time.monotonic() - since[0] >= seconds
+    return check
+
+
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     root = os.path.join(slurm_tmp, "preemption")
@@ -123,12 +134,17 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
                 ft__simulate_fault=True, ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
                 ft__simulated_fault_step=15)
         partial("late", [PreemptionPlugin(preempt_time=10)], checkpoint__simulated_slow_save=30.0)
-        # "distributed: ..." (rank 0, after init_process_group): every rank is in setup, past its handler install.
-        aims["setup"] = Aim(js["setup"], [(0, contains("distributed: world_size="), 1),
+        # Rank 0 announces its handler before importing torch and Megatron-Core; 2 s later every rank has its
+        # handler and is still importing (the aim below explains the window).
+        aims["setup"] = Aim(js["setup"], [(0, held(contains("handler installed at process start"), 2.0), 1),
                                           (1, at_step(5), 1)])
         aims["save"] = Aim(js["save"], [(0, contains("the save of step 10 waits"), 1), (1, at_step(15), 2)])
-        # ft_launcher restarts the workers after the kill: the second "distributed:" line is the restarted group's.
-        aims["ft"] = Aim(js["ft"], [(0, lambda text: text.count("distributed: world_size=") >= 2, 1),
+        # ft_launcher restarts the workers after the kill: the second "handler installed" line is the restarted
+        # group's rank 0, which announces it before importing torch and Megatron-Core; 2 s later both restarted
+        # ranks have their handler and are still in setup (imports alone take seconds; from "distributed:" to
+        # the first step took 0.4 s on a quiet machine, too short a window to aim at).
+        aims["ft"] = Aim(js["ft"], [(0, held(lambda text: text.count("handler installed at process start") >= 2,
+                                             2.0), 1),
                                     (1, at_step(25), 1)])
         aims["late"] = Aim(js["late"], [(0, at_step(12), 1)])
         finals = {name: wait_for_job(job.slurm_id, timeout=2400) for name, job in js.items()}
