@@ -23,11 +23,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from resilience_support.launch import launch, wait_for
+from resilience_support.launch import launch, once_more_on_port_clash, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +94,7 @@ def _reference(root: Path):
     return run
 
 
+@once_more_on_port_clash
 def _issue17(root: Path):
     """SIGTERM to ft_launcher (as Slurm signals the step's task) once step 28 is logged."""
     overrides = PRODUCTION + ASYNC_20
@@ -107,6 +109,7 @@ def _issue17(root: Path):
     return first, second
 
 
+@once_more_on_port_clash
 def _killed_after_commit(root: Path):
     """SIGKILL rank 1 as soon as the async save of step 20 is committed (ft_launcher restarts the workers)."""
     run = launch(root / "killed", PRODUCTION + ASYNC_20, max_restarts=1)
@@ -126,9 +129,11 @@ def _setup_signal(root: Path):
     """SIGTERM to torchrun while the ranks are still setting up (after the handler's start-up line)."""
     run_dir = root / "setup_signal"
     first = Torchrun(run_dir, PRODUCTION + ASYNC_20, env={})
-    # Rank 0's line after init_process_group: every rank is in setup, past its handler install.
-    wait_for(lambda: "distributed: world_size=" in first.log() or first.proc.poll() is not None,
+    # Rank 0 announces its handler before importing torch and Megatron-Core; 2 s later every rank has its handler
+    # and is still importing ("distributed:" comes 0.4 s before the first step on a quiet machine: too late).
+    wait_for(lambda: "handler installed at process start" in first.log() or first.proc.poll() is not None,
              timeout=WAIT, interval=0.05, what="the trainer's setup")
+    time.sleep(2.0)
     first.proc.send_signal(signal.SIGTERM)
     code = first.wait()
     first_result = {"code": code, "stop_reason": stop_reason(run_dir), "records": records(run_dir),

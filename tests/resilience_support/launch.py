@@ -7,6 +7,7 @@ for), ``launcher.log`` (launcher + ranks, stdout and stderr), the trainer's ``me
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -156,6 +157,23 @@ def run_to_end(run_dir: Path, overrides: list[str], *, timeout: float, **kwargs)
         run.wait(timeout)
         run.extra["port_clash_run"] = str(aside)
     return run
+
+
+def once_more_on_port_clash(scenario):
+    """For a scenario that interacts with its runs (signals, kills): if one of the ``Run``s it returns lost its
+    store's port (see :func:`run_to_end`), play the whole scenario once more under a fresh folder."""
+
+    @functools.wraps(scenario)
+    def play(root: Path):
+        result = scenario(root)
+        runs = result if isinstance(result, tuple) else (result,)
+        if any(isinstance(run, Run) and PORT_CLASH in run.log() for run in runs):
+            fresh = root / f"{scenario.__name__}.port_clash_retry"
+            fresh.mkdir()
+            result = scenario(fresh)
+        return result
+
+    return play
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.2, what: str = "condition"):
