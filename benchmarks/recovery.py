@@ -173,7 +173,10 @@ def measure_saves(root: Path, mode: str, *, nproc: int, device: str, base: list[
     exited = time.time()
     recs = records(run_dir)
     saved = [_save(r, run_dir / "ckpt") for r in recs if r.get("kind") == "checkpoint"]
-    at_signal = next((s for s in saved if s["reason"] == "signal"), None)
+    # The checkpoint the next attempt resumes from: the save at the signal, or the save the signal arrived during
+    # ("already saved": the run stops right after it).
+    stop = json.loads((run_dir / "stop_reason.json").read_text()) if (run_dir / "stop_reason.json").exists() else {}
+    at_signal = next((s for s in reversed(saved) if s["step"] == stop.get("checkpoint_step")), None)
     received = next((r.get("received_time") for r in recs if r.get("kind") == "signal"), None)
     lines = (run_dir / "launcher.log").read_text(errors="replace").splitlines()
     stop_line = next((line for line in lines if "stopping at step" in line and "signal" in line), None)
@@ -188,7 +191,8 @@ def measure_saves(root: Path, mode: str, *, nproc: int, device: str, base: list[
         "preemption": {
             "signal_sent": signalled, "received": received, "stop_agreed": stopped,
             "checkpoint_durable": None if at_signal is None else at_signal["durable_time"],
-            "launcher_exited": exited, "checkpoint_step": None if at_signal is None else at_signal["step"]},
+            "launcher_exited": exited, "checkpoint_step": None if at_signal is None else at_signal["step"],
+            "checkpoint_at_stop": stop.get("checkpoint_at_stop")},
         "log": str(run_dir / "launcher.log"),
     }
 
@@ -264,9 +268,9 @@ def main() -> None:
             p = r["preemption"]
             rel = [None if t is None else t - p["signal_sent"] for t in
                    (p["stop_agreed"], p["checkpoint_durable"], p["launcher_exited"])]
-            rows.append([mode, *(_s(x) for x in rel), p["checkpoint_step"], r["rc"]])
+            rows.append([mode, *(_s(x) for x in rel), p["checkpoint_step"], p["checkpoint_at_stop"], r["rc"]])
         print(common.table(["mode", "stop agreed", "checkpoint durable", "launcher exited", "checkpoint step",
-                            "launcher exit code"], rows))
+                            "checkpoint at stop", "launcher exit code"], rows))
     path = common.write_json("recovery", device, {
         "machine": info, "shape_name": shape, "shape": common.SHAPES[shape], "precision": precision, "nproc": nproc,
         "concurrent_runs": args.concurrent, "faults": faults, "saves": saves}, args.json)
