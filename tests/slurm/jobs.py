@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slurm.cluster import SlurmCluster, attempts, job_info
+from slurm.cluster import SlurmCluster, attempts, job_info, wait_for_job
 
 _TICK_PROBE = 'trap "exit 0" USR1; while true; do sleep 0.1; done'
 
@@ -39,6 +39,15 @@ class Job:
     def log(self) -> str:
         files = sorted(glob.glob(os.path.join(self.job_dir, "*.out")))
         return "".join(f"\n==> {os.path.basename(p)} <==\n" + open(p, errors="replace").read() for p in files)
+
+    def attempt_log(self, restart: int, *, missing_ok: bool = False) -> str:
+        """The job step's log of Slurm attempt ``restart`` (0 = the first run): the launcher and every rank.
+        ``missing_ok``: '' while that attempt has not started (for polling), instead of failing."""
+        names = [p for p in os.listdir(self.job_dir) if p.startswith("log-") and p.endswith(f"_{restart}.out")]
+        if not names and missing_ok:
+            return ""
+        assert len(names) == 1, f"no log of run {restart}: {os.listdir(self.job_dir)}\n{self.describe()}"
+        return open(os.path.join(self.job_dir, names[0]), errors="replace").read()
 
     def records(self) -> list[dict[str, Any]]:
         path = os.path.join(self.run_dir, "metrics.jsonl")
@@ -121,3 +130,32 @@ def scancel_signal(job: Job, signal: str = "SIGTERM") -> float:
     """``scancel -s SIG``: Slurm signals the job's steps (not the batch shell), like ``--signal`` without ``B:``."""
     subprocess.run(["scancel", "-s", signal, job.slurm_id], check=True, capture_output=True)
     return time.time()
+
+
+def signal_when_training(job: Job, sent: dict, after_step: int) -> None:
+    """For a background thread: once the first run has logged ``after_step`` steps, ``scancel -s SIGTERM`` its
+    steps; ``sent[job.name]`` gets the time it was sent, or the error for the test that needs it."""
+    try:
+        wait_until(lambda: job.last_step() >= after_step, timeout=900, interval=0.1,
+                   what=f"{job.name} to train {after_step} steps")
+        sent[job.name] = scancel_signal(job)
+    except Exception as err:  # noqa: BLE001 - reported by the test that needs it
+        sent[job.name] = err
+
+
+def requeue_when_completed(job: Job, record: dict) -> None:
+    """For a background thread: a finished run that is requeued anyway (node failure, an operator) must not train
+    again. ``record`` gets the first ending ("final") and the requeued one's ("again").
+
+    Requeued right when it ends: slurmctld forgets a finished job ``MinJobAge`` (300 s) later, and other jobs
+    of a module may take much longer on a loaded machine.
+    """
+    try:
+        record["final"] = final = wait_for_job(job.slurm_id, timeout=1500)
+        if final["JobState"] == "COMPLETED":
+            subprocess.run(["scontrol", "requeue", job.slurm_id], check=True, capture_output=True)
+            wait_until(lambda: job.info().get("Restarts") != final["Restarts"], timeout=60,
+                       what="the requeue to register")
+            record["again"] = wait_for_job(job.slurm_id, timeout=900)
+    except Exception as err:  # noqa: BLE001 - reported by the fixture
+        record["error"] = err

@@ -20,6 +20,7 @@ from loadgen import saturated
 
 from slurm import test_resilience_on_slurm as m
 from slurm.cluster import wait_for_job
+from slurm.jobs import signal_when_training
 
 REPEAT = int(os.environ.get("REPEAT", "10"))
 
@@ -36,8 +37,8 @@ def test_signal_before_the_first_save_n_times_under_load(slurm_cluster, nemorun_
         ref = submit("ref")
         copies = [submit(f"copy{i}", [m.PreemptionPlugin(preempt_time=m.PREEMPT_TIME)]) for i in range(REPEAT)]
         sent: dict = {}
-        signallers = [threading.Thread(target=m._signal_when_training, args=(job, sent), daemon=True)
-                      for job in copies]
+        signallers = [threading.Thread(target=signal_when_training, args=(job, sent, m.SIGNAL_AFTER_STEP),
+                                       daemon=True) for job in copies]
         for t in signallers:
             t.start()
         finals = {job.name: wait_for_job(job.slurm_id, timeout=3000) for job in [ref, *copies]}

@@ -29,7 +29,7 @@ from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import SlurmCluster, use_cluster, wait_for_job
-from slurm.jobs import Job, scancel_signal, submit, wait_until
+from slurm.jobs import Job, signal_when_training, submit
 
 run = import_nemo_run()
 
@@ -50,15 +50,6 @@ def _task(root: str, name: str, **edits):
         section, field = key.split("__")
         setattr(getattr(task, section), field, value)
     return task
-
-
-def _signal_when_training(job: Job, sent: dict) -> None:
-    try:
-        wait_until(lambda: job.last_step() >= SIGNAL_AFTER_STEP, timeout=900, interval=0.1,
-                   what=f"{job.name} to train {SIGNAL_AFTER_STEP} steps")
-        sent[job.name] = scancel_signal(job)
-    except Exception as err:  # noqa: BLE001 - reported by the test that needs it
-        sent[job.name] = err
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +80,8 @@ def jobs(cluster, nemorun_home, slurm_tmp):
         two_nodes("mn_killed", ft__simulate_fault=True, ft__simulated_fault_type="rank_killed",
                   ft__simulated_fault_rank=1, ft__simulated_fault_step=25)
         two_nodes("mn_signalled")
-        signaller = threading.Thread(target=_signal_when_training, args=(js["mn_signalled"], sent), daemon=True)
+        signaller = threading.Thread(target=signal_when_training, args=(js["mn_signalled"], sent, SIGNAL_AFTER_STEP),
+                                     daemon=True)
         signaller.start()
         finals = {name: wait_for_job(job.slurm_id, timeout=1500) for name, job in js.items()}
         signaller.join(timeout=10)
@@ -99,12 +91,6 @@ def jobs(cluster, nemorun_home, slurm_tmp):
 def _assert_finished(job: Job) -> None:
     stop = job.stop_reason()
     assert finish_record(stop) == finished_at(STEPS), job.describe()
-
-
-def _restart_log(job: Job, restart: int) -> str:
-    names = [p for p in os.listdir(job.job_dir) if p.startswith("log-") and p.endswith(f"_{restart}.out")]
-    assert len(names) == 1, f"no log of run {restart}: {os.listdir(job.job_dir)}\n{job.describe()}"
-    return open(os.path.join(job.job_dir, names[0]), errors="replace").read()
 
 
 def _launcher_pids(lines: list[str]) -> set[str]:
@@ -132,7 +118,7 @@ def test_every_two_node_job_ran_one_launcher_on_each_node(jobs, cluster):
         for step in steps:
             assert step["NTasks"] == "2" and len(set(_nodes(step["NodeList"]))) == NODES, (name, steps)
             assert set(_nodes(step["NodeList"])) <= set(cluster.nodes), (name, steps)
-        log = _restart_log(job, 0)
+        log = job.attempt_log(0)
         assert len(_launcher_pids(log.splitlines())) == NODES, job.describe()
         assert re.search(r"has joined round 0 of the rendezvous '\S+' as rank 1 in a world of size 2", log)
 
@@ -143,7 +129,7 @@ def test_rank_killed_on_one_node_restarts_both_agents_in_job_with_equal_losses(j
     assert (finals["mn_ref"]["JobState"], finals["mn_ref"]["Restarts"]) == ("COMPLETED", "0"), ref.describe()
     info = finals["mn_killed"]
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
-    lines = _restart_log(job, 0).splitlines()
+    lines = job.attempt_log(0).splitlines()
     fault = next(i for i, line in enumerate(lines) if "SIMULATED FAULT at" in line)
     assert "rank_killed on rank 1" in lines[fault], job.describe()
     after = lines[fault:]
@@ -160,7 +146,7 @@ def test_sigterm_reaches_every_rank_on_both_nodes_and_the_requeued_job_resumes_w
     js, finals = jobs["jobs"], jobs["finals"]
     job, ref = js["mn_signalled"], js["mn_ref"]
     assert isinstance(jobs["sent"].get("mn_signalled"), float), f"{jobs['sent']}\n{job.describe()}"
-    first = _restart_log(job, 0).splitlines()
+    first = job.attempt_log(0).splitlines()
     # Each node's agent forwarded the signal to its rank; every rank agreed to stop after the same step.
     forwarded = [line for line in first if re.search(r"Sending process \d+ closing signal SIGTERM", line)]
     assert len(forwarded) == NODES and len(_launcher_pids(forwarded)) == NODES, job.describe()

@@ -62,12 +62,6 @@ def tiny(root: str, name: str, **edits):
 # --- aiming the signal --------------------------------------------------------------------------------------------
 
 
-def attempt_log(job: Job, restart: int) -> str:
-    """The job step's log of Slurm attempt ``restart`` (launcher and both ranks), '' while it does not exist."""
-    names = [p for p in os.listdir(job.job_dir) if p.startswith("log-") and p.endswith(f"_{restart}.out")]
-    return open(os.path.join(job.job_dir, names[0]), errors="replace").read() if names else ""
-
-
 def last_step_logged(text: str) -> int:
     return max((int(m) for m in re.findall(rf"step (\d+)/{STEPS} \| loss", text)), default=0)
 
@@ -85,7 +79,7 @@ class Aim:
     def _run(self) -> None:
         try:
             for restart, ready, count in self.plan:
-                wait_until(lambda: ready(attempt_log(self.job, restart)), timeout=1500, interval=0.1,
+                wait_until(lambda: ready(self.job.attempt_log(restart, missing_ok=True)), timeout=1500, interval=0.1,
                            what=f"{self.job.name}: the moment to signal attempt {restart}")
                 for _ in range(count):
                     self.sent.append((restart, scancel_signal(self.job)))
@@ -204,7 +198,7 @@ def test_signal_during_setup_then_inside_a_step_before_the_first_save(jobs):
     js, finals = jobs["jobs"], jobs["finals"]
     job = js["setup"]
     _assert_completed_after(job, finals, jobs["aims"], requeues=2)
-    first, second = attempt_log(job, 0), attempt_log(job, 1)
+    first, second = job.attempt_log(0), job.attempt_log(1)
     # Attempt 0: every rank left during setup, at once, exit 0; the requeue decision read that stop_reason.
     assert first.count("nothing trained yet, exiting 0") == 2 and "forcefully exiting" not in first, job.describe()
     _assert_ranks_logged_the_signal(first)
@@ -235,7 +229,7 @@ def test_signal_inside_the_first_periodic_save_then_twice_in_a_row(jobs):
     # Attempt 1: two signals in a row: one stop, one checkpoint. The second changes nothing, whether it lands
     # before the ranks agree on the stop (they log "received SIGTERM 2 times") or while torchrun is already
     # shutting the stopped workers down (its second "got signal: 15").
-    second = attempt_log(job, 1)
+    second = job.attempt_log(1)
     assert "received SIGTERM 2 times" in second or twice["count"] == 2 or second.count("got signal: 15") >= 2, \
         second[-6000:]
     assert [s["step"] for s in _starts(job)][2] == twice["step"], job.describe()
@@ -247,7 +241,7 @@ def test_signal_during_a_restart_by_ft_launcher_then_inside_a_step(jobs):
     js, finals = jobs["jobs"], jobs["finals"]
     job = js["ft"]
     _assert_completed_after(job, finals, jobs["aims"], requeues=2)
-    first = attempt_log(job, 0)
+    first = job.attempt_log(0)
     assert "SIMULATED FAULT" in first and "rank_killed on rank 1" in first, job.describe()
     # The restarted workers got the signal during their setup and left at once, exit 0: ft_launcher exits 0.
     assert first.count("nothing trained yet, exiting 0") == 2, first[-6000:]
@@ -267,7 +261,7 @@ def test_save_at_the_signal_that_cannot_finish_still_requeues_and_reports_the_lo
     js, finals = jobs["jobs"], jobs["finals"]
     job = js["late"]
     _assert_completed_after(job, finals, jobs["aims"], requeues=1)
-    first = attempt_log(job, 0)
+    first = job.attempt_log(0)
     assert "forcefully exiting via 9" in first, first[-6000:]  # torchrun killed the ranks mid-save
     # The job-level decision read the stop_reason.json written before the cut-off save ("stopped by the signal").
     assert job.log().count(PREEMPTED_REQUEUE) == 1, job.describe()
@@ -279,5 +273,5 @@ def test_save_at_the_signal_that_cannot_finish_still_requeues_and_reports_the_lo
     stopped = int(cls["fields"]["step"])
     assert stopped >= 12
     assert [(s["step"], s["resumed_from"]) for s in _starts(job)] == [(0, None), (10, 10)], job.describe()
-    assert f"skipping {job.run_dir}/checkpoints/iter_{stopped:07d}.tmp" in attempt_log(job, 1), job.describe()
+    assert f"skipping {job.run_dir}/checkpoints/iter_{stopped:07d}.tmp" in job.attempt_log(1), job.describe()
     _assert_same_losses(job, js["ref"])

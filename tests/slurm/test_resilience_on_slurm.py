@@ -34,7 +34,8 @@ from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import wait_for_job
-from slurm.jobs import Job, scancel_signal, submit, wait_until
+from slurm.jobs import Job, requeue_when_completed, signal_when_training, submit
+from slurm.time_limit import limit_back_after_first_run, limit_when_training
 
 run = import_nemo_run()
 
@@ -70,63 +71,6 @@ def trainer_args(run_dir: str, max_steps: int) -> list[str]:
     return [f"run_dir={run_dir}", f"train.max_steps={max_steps}", "train.device=cpu",
             f"checkpoint.save={run_dir}/checkpoints", "checkpoint.save_interval=10",
             "ft.enabled=true", "ft.calc_ft_timeouts=true", "rerun.rerun_mode=validate_results"]
-
-
-def _limit_when_training(job: Job, record: dict) -> None:
-    """Background: once the limit job trains, set its time limit so that Slurm's warning is due at the next tick.
-
-    slurmctld sends ``--signal=SIGTERM@P`` at the first 30 s tick where the end is <= P + 30 s away, and enforces
-    the limit at the first tick after the end. The new limit is the whole minute that ends P + 10 to P + 30 s
-    after the update (waiting, while the job trains, until its run time is 30-50 s past a minute): the warning
-    comes at the next tick, at most 30 s later, and at least P - 20 s before the limit, whatever the setup took.
-    """
-    try:
-        wait_until(lambda: job.last_step() >= LIMIT_UPDATE_AFTER_STEP, timeout=900, interval=0.2,
-                   what=f"{job.name} to train {LIMIT_UPDATE_AFTER_STEP} steps")
-        elapsed = wait_until(lambda: (e := _run_seconds(job)) is not None and 30 <= e % 60 < 50 and e, timeout=120,
-                             interval=0.2, what=f"{job.name}'s run time to be 30-50 s past a minute")
-        minutes = elapsed // 60 + LIMIT_PREEMPT_TIME // 60 + 1
-        subprocess.run(["scontrol", "update", f"JobId={job.slurm_id}", f"TimeLimit={minutes}"], check=True)
-        record.update(minutes=minutes, elapsed=elapsed, step=job.last_step(), wall=time.time())
-    except Exception as err:  # noqa: BLE001 - reported by the test that needs it
-        record["error"] = err
-
-
-def _run_seconds(job: Job) -> int | None:
-    """Seconds the job's current run has been running (``scontrol``'s RunTime), None unless RUNNING."""
-    info = job.info()
-    if info.get("JobState") != "RUNNING":
-        return None
-    days, _, hms = info["RunTime"].rpartition("-")
-    h, m, s = (int(x) for x in hms.split(":"))
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
-
-
-def _requeue_when_completed(job: Job, record: dict) -> None:
-    """Background: a finished run that is requeued anyway (node failure, an operator) must not train again.
-
-    Requeued right when it ends: slurmctld forgets a finished job ``MinJobAge`` (300 s) later, and other jobs
-    of the module may take much longer on a loaded machine.
-    """
-    try:
-        record["final"] = final = wait_for_job(job.slurm_id, timeout=1500)
-        if final["JobState"] == "COMPLETED":
-            subprocess.run(["scontrol", "requeue", job.slurm_id], check=True, capture_output=True)
-            wait_until(lambda: job.info().get("Restarts") != final["Restarts"], timeout=60,
-                       what="the requeue to register")
-            record["again"] = wait_for_job(job.slurm_id, timeout=900)
-    except Exception as err:  # noqa: BLE001 - reported by the fixture
-        record["error"] = err
-
-
-def _signal_when_training(job: Job, sent: dict) -> None:
-    """Background: once the first run has logged SIGNAL_AFTER_STEP steps, ``scancel -s SIGTERM`` its steps."""
-    try:
-        wait_until(lambda: job.last_step() >= SIGNAL_AFTER_STEP, timeout=900, interval=0.1,
-                   what=f"{job.name} to train {SIGNAL_AFTER_STEP} steps")
-        sent[job.name] = scancel_signal(job)
-    except Exception as err:  # noqa: BLE001 - reported by the test that needs it
-        sent[job.name] = err
 
 
 @pytest.fixture(scope="module")
@@ -193,32 +137,21 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
 
     limit = js["limit"]
     limit_update: dict = {}
-    limiter = threading.Thread(target=_limit_when_training, args=(limit, limit_update), daemon=True)
+    limiter = threading.Thread(target=limit_when_training, args=(limit, limit_update),
+                               kwargs={"after_step": LIMIT_UPDATE_AFTER_STEP, "warning": LIMIT_PREEMPT_TIME},
+                               daemon=True)
     limiter.start()
 
-    def _limit_back_to_30_minutes():  # once the first run ended: the requeued run must not be signalled again
-        limiter.join(timeout=1200)
-        wait_until(lambda: int(limit.info().get("Restarts", 0)) >= 1 or limit.info().get("JobState") in
-                   ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=1200, interval=0.5,
-                   what="the limit job's first run to end")
-        def restored() -> bool:  # retried: Slurm refuses the update while the requeued job is still completing
-            if limit.info().get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-                return True
-            subprocess.run(["scontrol", "update", f"JobId={limit.slurm_id}", "TimeLimit=30"], capture_output=True)
-            return limit.info().get("TimeLimit") == "00:30:00"
-
-        wait_until(restored, timeout=600, interval=0.5, what="the limit job's time limit back to 30 minutes")
-
-    restorer = threading.Thread(target=_limit_back_to_30_minutes, daemon=True)
+    restorer = threading.Thread(target=limit_back_after_first_run, args=(limit, limiter, 30), daemon=True)
     restorer.start()
 
     sent: dict = {}
-    threads = [threading.Thread(target=_signal_when_training, args=(js[n], sent), daemon=True)
+    threads = [threading.Thread(target=signal_when_training, args=(js[n], sent, SIGNAL_AFTER_STEP), daemon=True)
                for n in SCANCEL_JOBS]
     for t in threads:
         t.start()
     requeue = {}
-    requeuer = threading.Thread(target=_requeue_when_completed, args=(js["ft_killed"], requeue), daemon=True)
+    requeuer = threading.Thread(target=requeue_when_completed, args=(js["ft_killed"], requeue), daemon=True)
     requeuer.start()
     finals = {name: wait_for_job(job.slurm_id, timeout=1500) for name, job in js.items() if name != "ft_killed"}
     for t in [*threads, limiter, restorer, requeuer]:
@@ -231,13 +164,6 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
             "limit_update": limit_update}
 
 
-def _restart_log(job: Job, restart: int) -> str:
-    """The job step's log of one Slurm run (restart 0 = first run): launcher and all ranks."""
-    names = [p for p in os.listdir(job.job_dir) if p.startswith("log-") and p.endswith(f"_{restart}.out")]
-    assert len(names) == 1, f"no log of run {restart}: {os.listdir(job.job_dir)}\n{job.describe()}"
-    return open(os.path.join(job.job_dir, names[0]), errors="replace").read()
-
-
 def _job_results(job: Job) -> list[str]:
     """nemo_run's FT sbatch bookkeeping: one '<job id> <restart> S|F' line per Slurm run."""
     (path,) = [os.path.join(job.job_dir, p) for p in os.listdir(job.job_dir) if p.endswith("_job_results")]
@@ -246,7 +172,7 @@ def _job_results(job: Job) -> list[str]:
 
 def _stopped_by_signal(job: Job, ranks: int, *, launcher: bool = True) -> int:
     """The step after which the first run stopped on SIGTERM; asserts that every rank got the signal."""
-    first = _restart_log(job, 0)
+    first = job.attempt_log(0)
     m = re.search(r"stopping after step (\d+): SIGTERM received; saving a checkpoint and exiting 0", first)
     assert m, job.describe()
     if ranks > 1 and launcher:  # the launcher is the step's task: it forwards the signal to each rank's process
@@ -290,7 +216,7 @@ def test_1a_time_limit_warning_reaches_every_rank_before_the_limit(jobs):
     assert first["State"] == "REQUEUED", limit.describe()
     h, m, s = (int(x) for x in first["Elapsed"].split(":"))
     assert h * 3600 + m * 60 + s < update["minutes"] * 60, (update, first)
-    signal_log = next(line for line in _restart_log(limit, 0).splitlines() if "stopping after step" in line)
+    signal_log = next(line for line in limit.attempt_log(0).splitlines() if "stopping after step" in line)
     assert _log_time(signal_log) > update["wall"] - 1, (update, signal_log)  # after the limit was set
     assert finals["limit"]["JobState"] == "COMPLETED", limit.describe()
 
@@ -339,7 +265,7 @@ def test_2c_srun_without_launcher_runs_one_world_of_two_ranks(jobs):
     Slurm's variables; one world of 2 (not two worlds of 1 writing the same run directory)."""
     job = jobs["jobs"]["inline"]
     for restart in (0, 1):
-        log = _restart_log(job, restart)
+        log = job.attempt_log(restart)
         assert log.count("distributed: world_size=2 tp=1 pp=1 dp=2 device=cpu backend=gloo") == 1, job.describe()
         m = re.search(r"distributed: started by srun without a launcher: rank = SLURM_PROCID, world size = "
                       r"SLURM_STEP_NUM_TASKS = 2, local rank = SLURM_LOCALID; rendezvous (\S+):(\d+)", log)
@@ -357,7 +283,7 @@ def test_3a_killed_rank_is_restarted_in_job_and_finishes(jobs):
     job = js["ft_killed"]
     info = finals["ft_killed"]  # before test 5's requeue by hand
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
-    log = _restart_log(job, 0)
+    log = job.attempt_log(0)
     assert "SIMULATED FAULT" in log and "rank_killed on rank 1" in log, job.describe()
     assert "will restart worker group" in log, job.describe()
     assert job.starts()[:2] == [0, 20], job.describe()  # in-job restart resumed from the step-20 checkpoint
@@ -371,7 +297,7 @@ def test_3a_heartbeats_mode_hung_rank_is_restarted_in_job_and_finishes(jobs):
     job = js["ft_heartbeats"]
     info = finals["ft_heartbeats"]
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
-    log = _restart_log(job, 0).splitlines()
+    log = job.attempt_log(0).splitlines()
     connected = f"FT: connected to the rank monitor (mode=heartbeats); heartbeat timeouts: initial={HB_INITIAL:.2f}s " \
                 f"subsequent={HB:.2f}s"
     fault = next(i for i, line in enumerate(log) if "SIMULATED FAULT" in line)
@@ -390,7 +316,7 @@ def test_3a_heartbeats_mode_hung_rank_is_restarted_in_job_and_finishes(jobs):
 
 def _assert_every_run_exhausted_its_in_job_restarts(job: Job, runs: int) -> None:
     for restart in range(runs):
-        log = _restart_log(job, restart)
+        log = job.attempt_log(restart)
         # The first worker group and its one in-job restart both failed in setup (the trainer's path check, before
         # torch loads), then ft_launcher gave up.
         assert log.count("megatron_resilience: data.data_path: must name indexed datasets") == 2, job.describe()
@@ -429,7 +355,7 @@ def test_4_rerun_exit_17_is_not_requeued_and_16_is(jobs):
     assert "failed (exitcode: 17)" in r17.log()
     assert int(jobs["finals"]["rerun_16"]["Restarts"]) >= 1, r16.describe()
     assert r16.attempts()[0]["State"] == "REQUEUED", r16.describe()
-    assert "failed (exitcode: 16)" in _restart_log(r16, 0), r16.describe()
+    assert "failed (exitcode: 16)" in r16.attempt_log(0), r16.describe()
 
 
 # --- 5. a finished run is never requeued --------------------------------------------------------------------------
