@@ -6,8 +6,9 @@ job aims ``scancel -s SIGTERM`` (what ``--signal`` does, without waiting for a t
 Slurm attempt, found from the trainer's own log lines in that attempt's log:
 
 - ``setup`` (torchrun): attempt 0 during setup (2 s after rank 0 announced its handler, still importing: every
-  rank has its handler); attempt 1 inside a step (step 5, before the first periodic save at step 20: the save at
-  the signal is the process's first save, the form that failed in CI); attempt 2 runs to the end.
+  rank has its handler); attempt 1 inside a step (step 5, before the first periodic save at step 20, rank 1 made
+  0.3 s slower per step so that window is seconds long: the save at the signal is the process's first save, the
+  form that failed in CI); attempt 2 runs to the end.
 - ``save`` (torchrun): attempt 0 inside the first periodic save (``checkpoint.simulated_slow_save``: step 10's
   save waits 20 s before its commit); attempt 1 twice in a row at step 15; attempt 2 runs to the end.
 - ``ft`` (ft_launcher, FaultTolerancePlugin): attempt 0 rank 1 killed at step 15, then the signal during
@@ -42,7 +43,9 @@ from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  
 from megatron_resilience.recipes import RECIPES  # noqa: E402
 
 STEPS = 40
-SETUP_SAVE_INTERVAL = 20  # the "setup" job's: the window for a signal inside a step before the first save
+# The "setup" job's window for a signal inside a step before the first save: steps 5-20, >= 0.3 s each.
+SETUP_SAVE_INTERVAL = 20
+SETUP_STEP_SECONDS = 0.3
 LOAD_SECONDS = 1800  # the load generator's bound: it stops by itself even if this process dies
 
 
@@ -122,9 +125,11 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     t0 = time.monotonic()
     with saturated(seconds=LOAD_SECONDS):
         partial("ref", [])
-        # A save every 20 steps: the signal aimed at step 5 reaches the ranks through slurmctld, slurmd and
-        # slurmstepd, which on a saturated machine took as long as 5 steps; it must still come before the first save.
-        partial("setup", [PreemptionPlugin(preempt_time=60)], checkpoint__save_interval=SETUP_SAVE_INTERVAL)
+        # A tiny step takes 20 ms, even on a saturated machine: 5 to 20 was 0.3 s, less than the signal took from
+        # scancel through slurmctld, slurmd and slurmstepd to the ranks. Rank 1 spins SETUP_STEP_SECONDS of
+        # extra CPU work per step (no effect on the numbers) so the window before the first save is seconds long.
+        partial("setup", [PreemptionPlugin(preempt_time=60)], checkpoint__save_interval=SETUP_SAVE_INTERVAL,
+                straggler__simulated_straggler_rank=1, straggler__simulated_straggler_delay=SETUP_STEP_SECONDS)
         partial("save", [PreemptionPlugin(preempt_time=60)], checkpoint__simulated_slow_save=20.0)
         partial("ft", [FaultTolerancePlugin(num_in_job_restarts=2, num_job_retries_on_failure=2),
                        PreemptionPlugin(preempt_time=60)], launcher=None,
