@@ -3,12 +3,13 @@
 Every job is the ``gpt_tiny`` recipe on 2 CPU ranks, submitted through NeMo-Run's ``SlurmExecutor`` with our
 plugins, with the machine's cores kept busy by ``tests/loadgen.py`` for the whole module. A watcher thread per
 job aims ``scancel -s SIGTERM`` (what ``--signal`` does, without waiting for a time limit) at one moment per
-Slurm attempt, found from the trainer's own log lines in that attempt's log:
+Slurm attempt, found from the trainer's own log lines in that attempt's log. Rank 1 of every signalled job
+does 0.5 s of extra CPU work per step (``SLOWED``), so each moment aimed at lasts longer than Slurm takes to
+deliver a signal:
 
 - ``setup`` (torchrun): attempt 0 during setup (2 s after rank 0 announced its handler, still importing: every
-  rank has its handler); attempt 1 inside a step (step 5, before the first periodic save at step 20, rank 1 made
-  0.3 s slower per step so that window is seconds long: the save at the signal is the process's first save, the
-  form that failed in CI); attempt 2 runs to the end.
+  rank has its handler); attempt 1 inside a step (step 5, before the first periodic save at step 20: the save at
+  the signal is the process's first save, the form that failed in CI); attempt 2 runs to the end.
 - ``save`` (torchrun): attempt 0 inside the first periodic save (``checkpoint.simulated_slow_save``: step 10's
   save waits 20 s before its commit); attempt 1 twice in a row at step 15; attempt 2 runs to the end.
 - ``ft`` (ft_launcher, FaultTolerancePlugin): attempt 0 rank 1 killed at step 15, then the signal during
@@ -43,9 +44,12 @@ from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  
 from megatron_resilience.recipes import RECIPES  # noqa: E402
 
 STEPS = 40
-# The "setup" job's window for a signal inside a step before the first save: steps 5-20, >= 0.3 s each.
-SETUP_SAVE_INTERVAL = 20
-SETUP_STEP_SECONDS = 0.3
+SETUP_SAVE_INTERVAL = 20  # the "setup" job's: its window for a signal inside a step before the first save
+# A tiny step takes 20 ms, even on a saturated machine, less than a signal takes from scancel through slurmctld,
+# slurmd and slurmstepd to the ranks (0.4-1.2 s measured; it overshot an aim by 18 steps). In every signalled
+# job rank 1 spins this much extra CPU work per step (no effect on the numbers), so each aimed-at window is
+# seconds long.
+SLOWED = {"straggler__simulated_straggler_rank": 1, "straggler__simulated_straggler_delay": 0.5}
 LOAD_SECONDS = 1800  # the load generator's bound: it stops by itself even if this process dies
 
 
@@ -125,17 +129,14 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     t0 = time.monotonic()
     with saturated(seconds=LOAD_SECONDS):
         partial("ref", [])
-        # A tiny step takes 20 ms, even on a saturated machine: 5 to 20 was 0.3 s, less than the signal took from
-        # scancel through slurmctld, slurmd and slurmstepd to the ranks. Rank 1 spins SETUP_STEP_SECONDS of
-        # extra CPU work per step (no effect on the numbers) so the window before the first save is seconds long.
         partial("setup", [PreemptionPlugin(preempt_time=60)], checkpoint__save_interval=SETUP_SAVE_INTERVAL,
-                straggler__simulated_straggler_rank=1, straggler__simulated_straggler_delay=SETUP_STEP_SECONDS)
-        partial("save", [PreemptionPlugin(preempt_time=60)], checkpoint__simulated_slow_save=20.0)
+                **SLOWED)
+        partial("save", [PreemptionPlugin(preempt_time=60)], checkpoint__simulated_slow_save=20.0, **SLOWED)
         partial("ft", [FaultTolerancePlugin(num_in_job_restarts=2, num_job_retries_on_failure=2),
                        PreemptionPlugin(preempt_time=60)], launcher=None,
                 ft__simulate_fault=True, ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
-                ft__simulated_fault_step=15)
-        partial("late", [PreemptionPlugin(preempt_time=10)], checkpoint__simulated_slow_save=30.0)
+                ft__simulated_fault_step=15, **SLOWED)
+        partial("late", [PreemptionPlugin(preempt_time=10)], checkpoint__simulated_slow_save=30.0, **SLOWED)
         # Rank 0 announces its handler before importing torch and Megatron-Core; 2 s later every rank has its
         # handler and is still importing (the aim below explains the window).
         aims["setup"] = Aim(js["setup"], [(0, held(contains("handler installed at process start"), 2.0), 1),
