@@ -44,7 +44,11 @@ from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, 
 from megatron_resilience.recipes import RECIPES  # noqa: E402
 
 STEPS = 60
-WATCHED_STEPS = 400  # still training when its batch shell is killed, whatever the machine's speed
+WATCHED_STEPS = 400
+# The watched job must still train when its batch shell is killed: its scenario starts as soon as it is submitted,
+# and its rank spins this much extra CPU work per step (no effect on the numbers): 400 tiny steps took 21 s under
+# load, less than submitting the other jobs took.
+WATCHED_SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1}
 SAVE = 10
 BUDGET_POLICY = """\
 name: one_crash_restart
@@ -183,7 +187,17 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
         js[name] = submit(f"jl_{name}", task, executor, plugins, run_dir=task.run_dir)
 
     transient = [PreemptionPlugin(), RestartPolicyPlugin(policy="megatron_transient")]
-    job("watched", transient, max_steps=WATCHED_STEPS)  # first: the scenario below waits for its checkpoint
+    job("watched", transient, max_steps=WATCHED_STEPS, **WATCHED_SLOWED)
+    scenario: dict = {}
+
+    def watch_scenario() -> None:  # from its first checkpoint on, while the other jobs are submitted
+        try:
+            scenario.update(watcher_scenario(js["watched"], slurm_cluster, os.path.join(root, "watch")))
+        except BaseException as err:  # noqa: BLE001 - raised by the fixture below
+            scenario["error"] = err
+
+    scenario_thread = threading.Thread(target=watch_scenario, daemon=True)
+    scenario_thread.start()
     job("ref", transient)
     job("oom", transient, **fault("cuda_oom", 5))
     job("nccl", [FaultTolerancePlugin(num_in_job_restarts=0, num_job_retries_on_failure=0), *transient],
@@ -197,7 +211,9 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
 
     wait_until(lambda: js["cancelled"].last_step() >= 3, timeout=900, interval=0.2, what="cancelled to train")
     subprocess.run(["scancel", js["cancelled"].slurm_id], check=True)  # a person's scancel
-    scenario = watcher_scenario(js["watched"], slurm_cluster, os.path.join(root, "watch"))
+    scenario_thread.join(timeout=3000)
+    if "error" in scenario:
+        raise scenario["error"]
     finals = {n: wait_for_job(j.slurm_id, timeout=1200) for n, j in js.items() if n != "watched"}
     once = subprocess.run([sys.executable, "-m", "megatron_resilience.watch", js["cancelled"].run_dir, "--once"],
                           env=slurm_cluster.env, capture_output=True, text=True, timeout=300)
