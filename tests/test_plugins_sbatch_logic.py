@@ -151,6 +151,9 @@ FT_PLANS = [
     # spend, and the count of failures in a row starts again after it
     (0, "preempt preempt finish", [(0, REQUEUED), (0, REQUEUED), (0, [])], ["0 S", "1 S", "2 S"]),
     (0, "preempt fail fail", [(0, REQUEUED), (1, [])], ["0 S", "1 F"]),
+    # the launcher exited 1 after a preemption (a rank the signal reached before its handler): nemo_run's template
+    # wrote F, the decision rewrites it to S, so that nemo_run's own count (the fallback's) spends no retry either
+    (0, "preempt1 preempt1 finish", [(1, REQUEUED), (1, REQUEUED), (0, [])], ["0 S", "1 S", "2 S"]),
     (1, "fail preempt fail fail fail", [(1, REQUEUED), (0, REQUEUED), (1, REQUEUED), (1, [])],
      ["0 F", "1 S", "2 F", "3 F"]),
     # rerun state machine's exit 17 touches the finished flag: not requeued, and the job ends FAILED (exit 17)

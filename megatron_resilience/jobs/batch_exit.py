@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PREFIX} decision ({ending.record['policy']}): {decision.message()}", flush=True)
 
     code = args.exit_code
+    if decision.action == "requeue" and cls.error_type == "preempted" and cfg.ft:
+        _preemption_is_not_a_failure(cfg, job_id, restart)
     if decision.action == "requeue":
         ok, output = ledger.perform("requeue", ["scontrol", "requeue", job_id], by="batch", job_id=job_id)
         if not ok:
@@ -86,6 +88,27 @@ def main(argv: list[str] | None = None) -> int:
             return _finish(0 if decision.outcome == "finished" else code)
         return _finish(code or 1)
     return _finish(code)
+
+
+def _preemption_is_not_a_failure(cfg: JobLevelConfig, job_id: str, restart: int) -> None:
+    """nemo_run's FT template marked a preempted attempt F when the launcher exited non-zero (a rank the signal
+    reached before its handler, torchrun after forwarding it): mark it S, so that nemo_run's own failure count
+    (the fallback's rule) never spends a retry on a preemption either."""
+    try:
+        with open(cfg.nemo_run_results, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return
+    failed = f"{job_id} {restart} F"
+    if failed not in lines:
+        return
+    fixed = "".join(f"{job_id} {restart} S\n" if line == failed else f"{line}\n" for line in lines)
+    tmp = f"{cfg.nemo_run_results}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(fixed)
+    os.replace(tmp, cfg.nemo_run_results)
+    print(f"{PREFIX} {os.path.basename(cfg.nemo_run_results)}: restart {restart} recorded as S, not F "
+          f"(a preemption is not a failure)", flush=True)
 
 
 def _final_message(cls, decision, record) -> str:

@@ -61,6 +61,11 @@ class JobLevelConfig:
         return os.path.join(self.job_dir, f"{self.job_name}{STOP_MARKER_SUFFIX}")
 
     @property
+    def nemo_run_results(self) -> str:
+        """nemo_run's FT template's record of attempts (``JOB_ID RESTART S|F`` lines), kept in job_dir."""
+        return os.path.join(self.job_dir, f"{self.job_name}_job_results")
+
+    @property
     def path(self) -> str:
         return os.path.join(self.job_dir, f"{self.job_name}{CONFIG_SUFFIX}")
 

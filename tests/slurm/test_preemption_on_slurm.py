@@ -254,8 +254,13 @@ def test_signal_during_a_restart_by_ft_launcher_then_inside_a_step(jobs):
     _assert_completed_after(job, finals, jobs["aims"], requeues=2)
     first = job.attempt_log(0)
     assert "SIMULATED FAULT" in first and "rank_killed on rank 1" in first, job.describe()
-    # The restarted workers got the signal during their setup and left at once, exit 0: ft_launcher exits 0.
-    assert first.count("nothing trained yet, exiting 0") == 2, first[-6000:]
+    # The restarted workers got the signal during their setup. Each left at once with exit 0, or died of the
+    # signal if it came before the rank's first line ran: nemo_run's runner imports torch first, which took rank 1
+    # more than the aim's 2 s beyond rank 0 on a loaded node (README: "Not covered by the trainer"). Either way the
+    # attempt is a preemption (the results check below: no failure retry spent).
+    exited = first.count("nothing trained yet, exiting 0")
+    died = len(re.findall(r"failed \(exitcode: -15\) local_rank: \d", first))
+    assert exited >= 1 and exited + died == 2, first[-6000:]
     during_restart, in_step = _signal_records(job)
     assert during_restart["before_training"] and during_restart["received_during"] == "setup", during_restart
     starts = [(s["step"], s["attempt"]["slurm_restart"], s["attempt"]["in_job_restart"]) for s in _starts(job)]
