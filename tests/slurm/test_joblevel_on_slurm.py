@@ -6,10 +6,9 @@ with our plugins, as from a login node; failures are the trainer's own fault inj
 real thing) and Megatron-Core's rerun error injection. What is asserted comes from Slurm's records
 (``sacct``), the ledger the batch scripts and the watcher wrote, and the trainer's metrics.
 
-One module fixture submits every job at once and then plays the watcher scenario (a job whose batch
-shell is SIGKILLed, so nothing inside the job can decide): watcher 1 is killed after writing its
-intent and before ``sbatch``, watcher 2 after ``sbatch`` and before recording it, watcher 3 reconciles
-and sees the chain to its end; a thread counts the run's live jobs all the while.
+One module fixture submits every job at once and plays the watcher scenario (``watcher_scenario.py``:
+a job whose batch shell is SIGKILLed, so nothing inside the job can decide, then watchers killed
+mid-decision) from the moment the watched job is submitted.
 
 A node set DOWN under a running job (``test_node_down_is_recovered_by_the_watcher``) runs on the private
 multi-node instance (``multinode_cluster``; the shared single-node cluster's node is never set DOWN): the job
@@ -24,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +34,7 @@ from resilience_support.agents import free_port
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import use_cluster, wait_for_job
 from slurm.jobs import Job, submit, wait_until
+from slurm.watcher_scenario import Watcher, watcher_scenario
 
 run = import_nemo_run()
 
@@ -60,17 +59,6 @@ rules:
   - match: {error_type: [rerun_resume]}
     action: requeue_excluding_nodes
 """
-SBATCH_WRAPPER = """#!/bin/bash
-# The watcher's sbatch, interrupted: MODE=before stops before submitting, MODE=after after it.
-touch "$MARK.called"
-[ "$MODE" = before ] && exec sleep 3600
-out=$(%(sbatch)s "$@") || exit 1
-echo "$out"
-echo "$out" > "$MARK.submitted"
-exec sleep 3600
-"""
-
-
 def tiny(root: str, name: str, *, max_steps: int = STEPS, save_interval: int = SAVE, **edits):
     task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=1, num_gpus_per_node=1)
     task.train.max_steps = max_steps
@@ -90,85 +78,6 @@ def fault(kind: str, step: int) -> dict:
 
 def ledger(job: Job, kind: str | None = None) -> list[dict]:
     return Ledger(os.path.join(job.run_dir, "job_ledger.jsonl")).records(kind)
-
-
-def steps(job_id: str) -> list[str]:
-    """The job's running steps other than the batch step (``squeue -s``)."""
-    out = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=60)
-    return [s for s in out.stdout.split() if not s.endswith((".batch", ".extern"))]
-
-
-def live_jobs(name: str) -> list[str]:
-    out = subprocess.run(["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=60)
-    return out.stdout.split()
-
-
-class Watcher:
-    """``python -m megatron_resilience.watch`` in its own process group (killed as a whole, like kill -9)."""
-
-    def __init__(self, run_dir: str, env: dict, log: str) -> None:
-        self.log = open(log, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "megatron_resilience.watch", run_dir, "--interval", "1"],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=60)
-        self.log.close()
-
-
-def watcher_env(cluster, tmp: str, mode: str | None) -> dict:
-    env = dict(cluster.env)
-    if mode:
-        bin_dir = os.path.join(tmp, f"bin_{mode}")
-        os.makedirs(bin_dir, exist_ok=True)
-        wrapper = os.path.join(bin_dir, "sbatch")
-        with open(wrapper, "w") as f:
-            f.write(SBATCH_WRAPPER % {"sbatch": subprocess.check_output(["which", "sbatch"], text=True).strip()})
-        os.chmod(wrapper, 0o755)
-        env.update(PATH=f"{bin_dir}:{env['PATH']}", MODE=mode, MARK=os.path.join(tmp, f"mark_{mode}"))
-    return env
-
-
-def watcher_scenario(job: Job, cluster, tmp: str) -> dict:
-    """Kill the batch shell (nothing in the job decides), then watchers killed mid-resubmission, then one that
-    finishes the chain. Returns what happened; a thread counts the run's live jobs throughout."""
-    name = job.info()["JobName"]
-    counts: list[int] = []
-    stop = threading.Event()
-
-    def count() -> None:
-        while not stop.is_set():
-            counts.append(len(live_jobs(name)))
-            time.sleep(0.5)
-
-    wait_until(lambda: SAVE in job.checkpoint_steps(), timeout=900, interval=0.2, what="the first checkpoint")
-    subprocess.run(["scontrol", "update", f"JobId={job.slurm_id}", "Requeue=0"], check=True)  # Slurm cannot requeue
-    # As when the batch host is lost, nothing in the job may save or decide: the batch shell is frozen, the trainer
-    # aborted (SIGABRT: scancel -s KILL would cancel the job instead), then the shell killed (Slurm: FAILED 0:9).
-    for flags in (["-b", "-s", "STOP"], ["-s", "ABRT"]):
-        subprocess.run(["scancel", *flags, job.slurm_id], check=True)
-    wait_until(lambda: not steps(job.slurm_id), timeout=120, what="the aborted job step to end")
-    subprocess.run(["scancel", "-b", "-s", "KILL", job.slurm_id], check=True)
-    first = wait_for_job(job.slurm_id, timeout=300)
-    counter = threading.Thread(target=count, daemon=True)
-    counter.start()
-    try:
-        w1 = Watcher(job.run_dir, watcher_env(cluster, tmp, "before"), os.path.join(tmp, "watch1.log"))
-        wait_until(lambda: os.path.exists(os.path.join(tmp, "mark_before.called")), timeout=300, what="watcher 1")
-        w1.kill()  # between deciding (intent on disk) and submitting
-        w2 = Watcher(job.run_dir, watcher_env(cluster, tmp, "after"), os.path.join(tmp, "watch2.log"))
-        wait_until(lambda: os.path.exists(os.path.join(tmp, "mark_after.submitted")), timeout=300, what="watcher 2")
-        w2.kill()  # after submitting, before recording the new job
-        second = open(os.path.join(tmp, "mark_after.submitted")).read().split(";")[0].strip()
-        w3 = subprocess.run([sys.executable, "-m", "megatron_resilience.watch", job.run_dir, "--interval", "2"],
-                            env=cluster.env, capture_output=True, text=True, timeout=1200)
-        last = wait_for_job(second, timeout=600)
-    finally:
-        stop.set()
-        counter.join(timeout=30)
-    return {"first": first, "second": second, "last": last, "counts": counts, "w3": w3,
-            "logs": [open(os.path.join(tmp, f"watch{i}.log")).read() for i in (1, 2)]}
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +101,8 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
 
     def watch_scenario() -> None:  # from its first checkpoint on, while the other jobs are submitted
         try:
-            scenario.update(watcher_scenario(js["watched"], slurm_cluster, os.path.join(root, "watch")))
+            scenario.update(watcher_scenario(js["watched"], slurm_cluster, os.path.join(root, "watch"),
+                                            first_checkpoint=SAVE))
         except BaseException as err:  # noqa: BLE001 - raised by the fixture below
             scenario["error"] = err
 
