@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/throughput.py [--device auto|cpu|cuda] [--shape gpt_126m] [--rounds 10 --steps 5]
 
-One process, one device. Built side by side in the same run: our trainer's real setup (``runtime/pretrain``:
+One process, one device. Built side by side in the same run: our trainer's real setup (``trainer.py``:
 Megatron-Core GPTModel + DDP + distributed optimizer class + mock data iterator + ``loop.train_step``) once per
 attention backend (``sdpa``, ``unfused``, and ``te`` where Transformer Engine imports), and
 benchmarks/plain_gpt.py eager and ``torch.compile``d. Same shape, micro-batch, sequence length and vocabulary

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         config = config_from_overrides(args)
     except ConfigError as err:
         sys.exit(f"{PROG}: {err}")
-    from megatron_resilience.runtime.pretrain import run_pretraining
+    from megatron_resilience.trainer import run_pretraining
 
     run_pretraining(config)
 

@@ -48,6 +48,6 @@ def pretrain(
         straggler=straggler or StragglerConfig(),
         rerun=rerun or RerunConfig(),
     )
-    from megatron_resilience.runtime.pretrain import run_pretraining
+    from megatron_resilience.trainer import run_pretraining
 
     run_pretraining(config)

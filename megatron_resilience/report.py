@@ -5,7 +5,7 @@ See :mod:`megatron_resilience.jobs.report`.
 
 import sys
 
-from megatron_resilience.jobs.report import main
+from megatron_resilience.jobs.report_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

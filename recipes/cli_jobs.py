@@ -53,7 +53,7 @@ class ToolRunContext(RunContext):
 
 def report(run: str, png: str = "", logs: str = "false", json: str = "false") -> int:
     """The run's chain of attempts, goodput and badput by cause, and a PNG timeline (RUN_DIR/attempts_timeline.png)."""
-    from megatron_resilience.jobs.report import main
+    from megatron_resilience.jobs.report_cli import main
 
     argv = [run] + (["--png", png] if png else []) + (["--logs"] if logs.lower() in TRUE else []) + \
         (["--json"] if json.lower() in TRUE else [])

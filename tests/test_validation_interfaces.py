@@ -31,12 +31,12 @@ run = import_nemo_run()
 from validation_cases import EXECUTOR_CASES, PLUGIN_CASES, RECIPE_CASES, TASK_CASES  # noqa: E402
 
 from megatron_resilience import __main__ as trainer_cli  # noqa: E402
+from megatron_resilience import trainer as runtime_pretrain  # noqa: E402
 from megatron_resilience.config import SECTIONS, ConfigError, PretrainConfig  # noqa: E402
 from megatron_resilience.config.overrides import parse_override, parse_value  # noqa: E402
 from megatron_resilience.entry import pretrain  # noqa: E402
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, preview  # noqa: E402
 from megatron_resilience.recipes import RECIPES  # noqa: E402
-from megatron_resilience.runtime import pretrain as runtime_pretrain  # noqa: E402
 from megatron_resilience.upstream.nemorun import run_cli  # noqa: E402
 
 # --- the three interfaces ------------------------------------------------------------------------------------

@@ -13,5 +13,6 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.ledger`     the run's JSON-lines ledger, write-ahead records around every Slurm command;
 - :mod:`.jobconfig`  the job-level config the plugins render into the sbatch script;
 - :mod:`.batch_exit` the batch script's EXIT trap; :mod:`.watcher` what the job cannot see about itself;
-- :mod:`.report`     the chain of attempts as a table, goodput/badput, a PNG timeline.
+- :mod:`.report`     the chain of attempts as a table, goodput/badput; :mod:`.timeline` its PNG;
+  :mod:`.report_cli` the command line over both.
 """

@@ -1,6 +1,6 @@
 """The run's chain of attempts as a table, its goodput and its badput by cause, from the ledger and metrics.
 
-    python -m megatron_resilience.report RUN_DIR [--png FILE] [--logs] [--json]
+    python -m megatron_resilience.report RUN_DIR [--png FILE] [--logs] [--json]   (jobs/report_cli.py)
     nemo megatron_resilience report RUN_DIR
 
 One row per in-job cycle of every Slurm attempt (ft_launcher/torchrun restarts inside a job, and
@@ -19,10 +19,7 @@ wait (an attempt's end to the next one's start) is reported beside it, not alloc
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -301,27 +298,3 @@ def attempt_logs(report: RunReport, *, tail_lines: int = 40) -> str:
                        f"[last {min(tail_lines, len(lines))} of {len(lines)} lines] <==")
             out += lines[-tail_lines:]
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m megatron_resilience.report", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--png", default=None, help="timeline PNG path (default RUN_DIR/attempts_timeline.png; "
-                                                    "'none' to skip)")
-    parser.add_argument("--logs", action="store_true", help="print the tail of every attempt's log files")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-    if not os.path.isdir(args.run_dir):
-        print(f"megatron_resilience report: no such run directory {args.run_dir!r}", file=sys.stderr)
-        return 2
-    report = build(args.run_dir)
-    print(json.dumps(report.to_dict(), indent=1, default=str) if args.json else format_report(report))
-    if args.logs:
-        print(attempt_logs(report))
-    if args.png != "none":
-        from megatron_resilience.jobs.timeline import write_timeline
-
-        png = write_timeline(report, args.png or os.path.join(args.run_dir, "attempts_timeline.png"))
-        if not args.json:
-            print(f"timeline: {png}")
-    return 0

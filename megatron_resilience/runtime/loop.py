@@ -41,7 +41,7 @@ DURATION = "duration"
 
 @dataclass(kw_only=True)
 class TrainContext:
-    """Everything the loop needs, built by ``runtime/pretrain.py``."""
+    """Everything the loop needs, built by ``megatron_resilience/trainer.py``."""
 
     config: PretrainConfig
     dist: DistInfo

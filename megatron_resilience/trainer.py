@@ -1,4 +1,7 @@
-"""``run_pretraining(config)``: set up, train, clean up. The runtime behind ``pretrain()`` and the CLI.
+"""``run_pretraining(config)``: set up, train, clean up. The orchestrator behind ``pretrain()`` and the CLI.
+
+It sits above both ``runtime/`` (the Megatron-Core pieces) and ``resilience/`` (hooks built on the runtime),
+so that every module imports only from rooms below it.
 
 Order (FT sections follow it): hooks are built first from the launcher's
 environment; inside ``hooks.setup_section()`` come torch.distributed and
