@@ -13,6 +13,7 @@ checkpoint load and the data position; then ``hooks.after_setup``, the loop,
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -150,7 +151,7 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     _import_runtime(config)
     from megatron.core import parallel_state
 
-    from megatron_resilience.runtime import data
+    from megatron_resilience.runtime import data, reshard
     from megatron_resilience.runtime.checkpoint import CheckpointManager
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
     from megatron_resilience.runtime.loop import TrainContext
@@ -180,8 +181,13 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     num_microbatches = gbs // (config.train.micro_batch_size * dist.dp)
     datasets = data.build_datasets(config, global_batch_size=gbs)
     timeline.mark("data")
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler)
-    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, global_batch_size=gbs,
+                       micro_batch_size=config.train.micro_batch_size)
+    layout = reshard.layout(world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp, global_batch_size=gbs,
+                            micro_batch_size=config.train.micro_batch_size)
+    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, resume_check=functools.partial(
+        reshard.check_resume, current=layout, global_batch_explicit=config.train.global_batch_size is not None,
+        announce=dist.rank == 0))
     resumed = checkpoints.load_latest(state)
     timeline.mark("checkpoint_load")
     attempt = attempt_info()

@@ -52,6 +52,6 @@ class TrainingConfig:
         gbs = self.global_batch_size or self.micro_batch_size * data_parallel_size
         if gbs % (self.micro_batch_size * data_parallel_size):
             fail("train.global_batch_size",
-                 f"must be a multiple of train.micro_batch_size * data-parallel size = "
-                 f"{self.micro_batch_size * data_parallel_size}", gbs)
+                 f"must be a multiple of train.micro_batch_size * data-parallel size = {self.micro_batch_size} * "
+                 f"{data_parallel_size} = {self.micro_batch_size * data_parallel_size}", gbs)
         return gbs

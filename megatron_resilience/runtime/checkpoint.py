@@ -44,14 +44,14 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from megatron_resilience import upstream
-from megatron_resilience.config import CheckpointConfig
+from megatron_resilience.config import CheckpointConfig, ConfigError
 from megatron_resilience.runtime import checkpoint_layout as layout
-from megatron_resilience.runtime import checkpoint_state
+from megatron_resilience.runtime import checkpoint_state, reshard
 from megatron_resilience.runtime.checkpoint_layout import atomic_write_text  # noqa: F401  (public re-export)
 from megatron_resilience.runtime.state import TrainState
 
@@ -118,9 +118,13 @@ def _all_ok(ok: bool) -> bool:
 class CheckpointManager:
     """Saves and restores a :class:`TrainState`; every method is collective (call it on all ranks)."""
 
-    def __init__(self, config: CheckpointConfig, *, run_dir: str) -> None:
+    def __init__(self, config: CheckpointConfig, *, run_dir: str,
+                 resume_check: Callable[[dict | None, str], Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
+        # Called with a checkpoint's saved layout and path before its tensors are read (reshard.check_resume);
+        # its ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
+        self.resume_check = resume_check
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
         self._pending: list[_Save] = []  # async saves scheduled and not yet committed, oldest first
@@ -305,11 +309,15 @@ class CheckpointManager:
 
         try:
             common = dist_checkpointing.load_common_state_dict(path)
+            if self.resume_check is not None:
+                self.resume_check(common.get(reshard.LAYOUT_KEY), path)
             template = checkpoint_state.loading_template(
                 state, dist_checkpointing.load_content_metadata(preloaded_state_dict=common),
                 saved_world_size=int(common.get("world_size", -1)), common=common)
             loaded = dist_checkpointing.load(template, path)
             checkpoint_state.apply_loaded(state, loaded)
+        except ConfigError:  # the same on every rank (the same common state): this job cannot resume it
+            raise
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure: fall back to the previous one
             where = traceback.extract_tb(err.__traceback__)[-1]
             log.debug("checkpoint: loading %s failed", path, exc_info=True)
