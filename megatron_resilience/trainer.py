@@ -23,6 +23,7 @@ from megatron_resilience import upstream
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.resilience import build_hooks
+from megatron_resilience.resilience.cloud_notice import start_poller
 from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
@@ -89,6 +90,11 @@ def run_pretraining(config: PretrainConfig) -> None:
     if signals is not None and rank == 0:
         log.info("preemption: %s handler installed at process start (pid %d): a signal during setup exits 0 at "
                  "once, later ones stop the run with a checkpoint", config.train.exit_signal, os.getpid())
+    notices = None
+    if config.train.preemption_notice is not None and signals is not None:
+        t = config.train
+        notices = start_poller(provider=t.preemption_notice, interval=t.preemption_notice_interval,
+                               url=t.preemption_notice_url, handler=signals, local_rank=launch.local_rank, rank=rank)
     hooks = build_hooks(config, rank=rank, world_size=world_size)
     exit_code = None
     try:
@@ -98,6 +104,8 @@ def run_pretraining(config: PretrainConfig) -> None:
         from megatron_resilience.runtime.loop import train
 
         reason, exit_code, at_stop = train(ctx)
+        if notices is not None:
+            notices.stop()  # training is over: a notice from now on has nothing to stop
         ctx.metrics.event("end", step=ctx.state.step, reason=reason, exit_code=exit_code or 0)
         hooks.on_exit(ctx.state, reason, checkpoint_step=ctx.checkpoints.latest_step, checkpoint_at_stop=at_stop)
         if rank == 0:
@@ -114,6 +122,8 @@ def run_pretraining(config: PretrainConfig) -> None:
                     "the worker group", rank, type(err).__name__, why)
         raise SystemExit(1) from None
     finally:
+        if notices is not None:
+            notices.stop()
         _teardown()
     if exit_code is not None:
         sys.exit(exit_code)

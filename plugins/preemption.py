@@ -32,9 +32,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
-from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError, TrainingConfig
+from megatron_resilience.config._validate import check_int, check_positive, fail
 from megatron_resilience.config.slurm_time import slurm_time_seconds
+from megatron_resilience.config.training import PREEMPTION_NOTICE_PROVIDERS
 from megatron_resilience.plugins import batch_decision
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
@@ -65,7 +66,10 @@ class PreemptionPlugin(run.Plugin):
     """Graceful exit on ``signal``, sent by Slurm ``preempt_time`` seconds before the job's time limit.
 
     The first fields and their defaults are Megatron-Bridge's; ``signal`` is ours (the trainer's
-    ``train.exit_signal``).
+    ``train.exit_signal``). ``cloud_notice`` ("aws", "gcp", "azure"): the trainer's local rank 0 of each node
+    also polls that cloud's instance metadata service every ``cloud_notice_interval`` seconds for a
+    spot/preemptible notice and treats one exactly like ``signal`` (``train.preemption_notice``;
+    ``cloud_notice_url`` replaces the metadata service's address, e.g. a proxy). Our trainer only.
     """
 
     preempt_time: int = 60
@@ -73,6 +77,9 @@ class PreemptionPlugin(run.Plugin):
     enable_exit_handler_for_data_loader: bool = False
     script_args_converter_fn: Callable[[PreemptionPluginScriptArgs], list[str]] | None = None
     signal: str = "SIGTERM"
+    cloud_notice: str | None = None
+    cloud_notice_interval: float = 5.0
+    cloud_notice_url: str | None = None
 
     def __post_init__(self) -> None:
         check_int(f"{NAME}.preempt_time", self.preempt_time, minimum=1)
@@ -84,6 +91,20 @@ class PreemptionPlugin(run.Plugin):
         if self.script_args_converter_fn is not None and not callable(self.script_args_converter_fn):
             fail(f"{NAME}.script_args_converter_fn", "must be a function of PreemptionPluginScriptArgs",
                  self.script_args_converter_fn)
+        if self.cloud_notice is not None and self.cloud_notice not in PREEMPTION_NOTICE_PROVIDERS:
+            fail(f"{NAME}.cloud_notice", f"must be one of {list(PREEMPTION_NOTICE_PROVIDERS)} or None",
+                 self.cloud_notice)
+        check_positive(f"{NAME}.cloud_notice_interval", self.cloud_notice_interval)
+        if self.cloud_notice is not None and not self.enable_exit_handler:
+            fail(f"{NAME}.enable_exit_handler", "must be true with cloud_notice (a notice acts as the signal the "
+                 "trainer's exit handler stops on)", self.enable_exit_handler)
+        if self.cloud_notice_url is not None:  # the trainer's own check, at submit time
+            try:
+                TrainingConfig(exit_signal_handler=True, preemption_notice="aws",
+                               preemption_notice_url=self.cloud_notice_url)
+            except ConfigError as err:
+                raise ConfigError(str(err).replace("train.preemption_notice_url", f"{NAME}.cloud_notice_url")) \
+                    from None
 
     def setup(self, task: Any, executor: Any) -> None:
         profile = executor_profile(executor, NAME)
@@ -141,7 +162,16 @@ class PreemptionPlugin(run.Plugin):
             editor.set("train.exit_signal_handler_for_dataloader", self.enable_exit_handler_for_data_loader,
                        "enable_exit_handler_for_data_loader")
             editor.make_trainer_direct_task()
+            if self.cloud_notice is not None:
+                editor.set("train.preemption_notice", self.cloud_notice, "cloud_notice")
+                editor.set("train.preemption_notice_interval", float(self.cloud_notice_interval),
+                           "cloud_notice_interval")
+                if self.cloud_notice_url is not None:
+                    editor.set("train.preemption_notice_url", self.cloud_notice_url, "cloud_notice_url")
             return editor
+        if self.cloud_notice is not None:
+            raise ConfigError(f"{NAME}.cloud_notice={self.cloud_notice!r}: only megatron_resilience's trainer polls "
+                              "the instance metadata service; this task runs another trainer (set cloud_notice=None)")
         if target.converter is not None:
             append_script_args(target, NAME, PreemptionPluginScriptArgs(
                 enable_exit_handler=True, enable_exit_handler_for_data_loader=self.enable_exit_handler_for_data_loader,

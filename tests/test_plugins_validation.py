@@ -61,6 +61,14 @@ def test_fault_tolerance_plugin_rejects(kwargs, message):
                             "'SIGHUP', 'SIGQUIT', 'SIGALRM', 'SIGCONT'], got 'SIGKILL'"),
     ({"signal": "TERM"}, "PreemptionPlugin.signal: must be one of ['SIGTERM'"),
     ({"enable_exit_handler": 1}, "PreemptionPlugin.enable_exit_handler: must be true or false, got 1"),
+    ({"cloud_notice": "oracle"},
+     "PreemptionPlugin.cloud_notice: must be one of ['aws', 'azure', 'gcp'] or None, got 'oracle'"),
+    ({"cloud_notice": "aws", "cloud_notice_interval": 0},
+     "PreemptionPlugin.cloud_notice_interval: must be a number > 0, got 0"),
+    ({"cloud_notice": "gcp", "enable_exit_handler": False},
+     "PreemptionPlugin.enable_exit_handler: must be true with cloud_notice"),
+    ({"cloud_notice": "aws", "cloud_notice_url": "metadata.internal"},
+     "PreemptionPlugin.cloud_notice_url: must be http(s)://HOST[:PORT]"),
 ])
 def test_preemption_plugin_rejects(kwargs, message):
     with pytest.raises(ConfigError) as err:

@@ -65,6 +65,10 @@ MEANING = {
     "train.exit_signal_handler": "on train.exit_signal: checkpoint and exit 0 (preemption)",
     "train.exit_signal": "the signal that means 'save and stop'",
     "train.exit_signal_handler_for_dataloader": "install the handler in data loader workers too",
+    "train.preemption_notice": "aws, gcp or azure: a spot/preemptible node's notice on the instance metadata service "
+                               "acts as train.exit_signal; null = off",
+    "train.preemption_notice_interval": "seconds between polls of the metadata service (local rank 0 of each node)",
+    "train.preemption_notice_url": "http://HOST[:PORT] replacing the provider's metadata host; null = its own",
     "train.exit_duration_in_mins": "save and stop after this many minutes; null = no limit",
     "train.device": "auto (cuda when available), cpu or cuda",
     "checkpoint.save": "checkpoint folder; null = never save",
