@@ -47,7 +47,8 @@ NEWEST := .venv-newest
 NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py tests/test_checkpoint_resume.py \
 	tests/test_checkpoint_preemption.py tests/test_preemption_units.py tests/test_rerun_resume.py \
 	tests/test_resilience_units.py tests/test_resilience_faults.py tests/test_runtime_parallel.py tests/test_runtime_units.py \
-	tests/test_plugins_golden.py tests/slurm/test_preemption_on_slurm.py tests/test_elastic_reshard.py tests/test_cloud_notice.py
+	tests/test_plugins_golden.py tests/slurm/test_preemption_on_slurm.py tests/test_elastic_reshard.py tests/test_cloud_notice.py \
+	tests/test_checkpoint_best.py
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)

@@ -75,6 +75,8 @@ MEANING = {
     "checkpoint.load": "folder to resume from; null = checkpoint.save",
     "checkpoint.save_interval": "steps between checkpoints; null = only at the end",
     "checkpoint.keep_last_n": "keep this many newest checkpoints; null = all",
+    "checkpoint.keep_best": "also keep this many checkpoints with the lowest validation loss, outside keep_last_n "
+                            "(needs train.eval_interval); null = off",
     "checkpoint.async_save": "write checkpoints in the background",
     "checkpoint.simulated_slow_save": "testing aid: hold every save this many seconds (first attempt only)",
     "checkpoint.save_on_exit": "save when training ends or stops early",

@@ -125,6 +125,7 @@ class CheckpointManager:
         # Called with a checkpoint's saved layout and path before its tensors are read (reshard.check_resume);
         # its ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
         self.resume_check = resume_check
+        self.best = layout.BestCheckpoints(config.save, config.keep_best) if config.keep_best else None
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
         self._pending: list[_Save] = []  # async saves scheduled and not yet committed, oldest first
@@ -144,6 +145,13 @@ class CheckpointManager:
     def should_save(self, step: int) -> bool:
         interval = self.config.save_interval
         return self.config.save is not None and interval is not None and step > 0 and step % interval == 0
+
+    def note_validation(self, step: int, loss: float) -> bool:
+        """``checkpoint.keep_best``: the validation loss of ``step``; True when its checkpoint should be saved now."""
+        return self.best is not None and self.best.note(step, loss)
+
+    def wants_best(self, step: int) -> bool:
+        return self.best is not None and self.best.wants(step)
 
     def load_latest(self, state: TrainState) -> bool:
         """Restore ``state`` in place from the newest complete checkpoint; False when there is none."""
@@ -284,12 +292,18 @@ class CheckpointManager:
         torch.distributed.barrier()
         root, step = self.config.save, save.step
         final, nbytes = os.path.join(root, layout.iter_dir_name(step)), None
+        best = self.best.commit(step) if self.best is not None else None  # every rank ranks it the same way
         if _rank() == 0:
             final = layout.commit(root, save.tmp, step)
             nbytes = layout.directory_bytes(final)
             layout.remove_stale_tmp(root)
+            if best is not None:
+                self.best.write()
+                log.info("checkpoint: step %d is among the %d best by %s (%.6g): kept apart from keep_last_n",
+                         step, self.best.keep, layout.BEST_METRIC, best["validation_loss"])
             if self.config.keep_last_n is not None:
-                layout.apply_retention(root, self.config.keep_last_n, just_saved=step)
+                layout.apply_retention(root, self.config.keep_last_n, just_saved=step,
+                                       protected=self.best.steps() if self.best is not None else frozenset())
             log.info("checkpoint: committed %s (%.3f s after the save started)", final,
                      time.perf_counter() - save.start_perf)
         torch.distributed.barrier()
