@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from megatron_resilience.jobs import report
+from megatron_resilience.jobs import attempt_throughput, report
 from megatron_resilience.jobs.timeline import write_timeline
 
 
@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_report = report.build(args.run_dir)
     print(json.dumps(run_report.to_dict(), indent=1, default=str) if args.json else report.format_report(run_report))
+    throughput = "" if args.json else attempt_throughput.section(args.run_dir)
+    if throughput:
+        print(f"\n{throughput}")
     if args.logs:
         print(report.attempt_logs(run_report))
     if args.png != "none":
