@@ -105,6 +105,8 @@ def append_script_args(target: TrainerTarget, plugin: str, script_args: Any) -> 
         raise ConfigError(f"{plugin}.script_args_converter_fn: must return a list of strings, got {args!r}")
     existing = [str(a) for a in target.task.args]
     theirs, ours = _valued_flags(existing), _valued_flags(args)
+    if target.converter is megatron_lm_args and hasattr(script_args, "exit_signal"):
+        ours.setdefault("--exit-signal", script_args.exit_signal)  # SIGTERM is Megatron-LM's default: not rendered
     for flag, value in ours.items():
         if flag in theirs and theirs[flag] != value:
             raise ConfigError(f"conflicting settings: the task's arguments give {flag} {theirs[flag]}, but {plugin} "
@@ -114,7 +116,7 @@ def append_script_args(target: TrainerTarget, plugin: str, script_args: Any) -> 
         if skip_value:
             skip_value = False
             continue
-        if arg in ours and arg in theirs:  # the same --flag value already there
+        if arg in ours and arg in theirs and i + 1 < len(args):  # the same --flag value already there
             skip_value = True
             continue
         if arg in existing and arg not in ours:
