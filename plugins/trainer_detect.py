@@ -28,7 +28,7 @@ MEGATRON_LM_FLAGS = (
     "--train-iters", "--train-samples", "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
     "--max-position-embeddings", "--tokenizer-type", "--data-path", "--enable-ft-package", "--exit-signal-handler",
 )
-_HYDRA = re.compile(r"^(\+{1,2}|~)?[A-Za-z_]\w*(\.\w+)+(=|$)")
+_HYDRA = re.compile(r"^(\+{0,2}[A-Za-z_]\w*(\.\w+)+=|~[A-Za-z_]\w*(\.\w+)+(=|$))")  # a.b=c, +a.b=c, ~a.b
 _BRIDGE_DIR = re.compile(r"^megatron[-_]?bridge$", re.I)
 _MEGATRON_LM_DIR = re.compile(r"^megatron[-_]?lm$", re.I)
 _PRETRAIN = re.compile(r"pretrain_\w+\.py")
