@@ -84,6 +84,15 @@ def test_the_link_checker_catches_a_missing_file_and_a_missing_heading(tmp_path)
         "c.md: no file docs/c.md", "a.md#nowhere: no heading #nowhere in docs/a.md"]
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_every_table_has_its_header_row(page):
+    """A table row right after prose, without a separator row below it, is a table cut off when text moved."""
+    lines = re.sub(r"^```.*?^```", "", _read(page), flags=re.S | re.M).splitlines()
+    headless = [line for before, line, after in zip([""] + lines, lines, lines[1:] + [""])
+                if line.startswith("|") and not before.startswith("|") and not re.fullmatch(r"\|[-|: ]+\|", after)]
+    assert headless == []
+
+
 def test_every_docs_page_is_linked_from_the_readme_and_starts_from_a_question():
     readme_links = {t.partition("#")[0] for t in relative_links(_read("README.md"))}
     for name in os.listdir(DOCS):
