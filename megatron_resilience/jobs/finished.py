@@ -49,14 +49,7 @@ class Finished:
 
 def tracker_iteration(checkpoint_dir: str | None) -> int | None:
     """The iteration in Megatron's tracker file (``release`` and unreadable files: None)."""
-    if not checkpoint_dir:
-        return None
-    try:
-        with open(os.path.join(checkpoint_dir, TRACKER_FILE), encoding="utf-8") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    return ev.tracker_step(checkpoint_dir)
 
 
 def end_of_training_line(lines: list[str]) -> tuple[str, str] | None:
