@@ -17,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 TARGET=.venv-peers
+exec 9>"$TARGET.lock"  # several pytest workers may ask at once: one installs, the others wait and reuse it
+flock 9
 PINS="megatron-bridge==0.6.2 nemo_toolkit==2.7.3 hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3"
 if [ -f "$TARGET/.installed" ] && [ "$(cat "$TARGET/.installed")" = "$PINS" ]; then
     echo "$TARGET"; exit 0
