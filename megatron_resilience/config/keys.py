@@ -105,6 +105,11 @@ MEANING = {
     "rerun.error_injection_rate": "inject an error once in this many checks; 0 = never",
     "rerun.error_injection_type": "correct_result, transient_error or persistent_error",
     "rerun.result_rejected_tracker_filename": "file that counts rejected results across restarts",
+    "logger.tensorboard_dir": "TensorBoard event files (rank 0); relative = under run_dir; null = none",
+    "logger.wandb_project": "Weights & Biases project; null = no W&B run (WANDB_MODE=offline works)",
+    "logger.wandb_entity": "W&B team or user; null = the default",
+    "logger.wandb_exp_name": "W&B run name; null = the run_dir's folder name",
+    "logger.wandb_save_dir": "where W&B writes wandb/*-run-*; relative = under run_dir; null = run_dir",
 }
 
 
