@@ -67,15 +67,14 @@ def describe_start(record: dict[str, Any], cause: str | None = None) -> str:
     kind = record.get("restart", "first")
     where = (f"slurm restart {attempt.get('slurm_restart', 0)}, in-job restart {attempt.get('in_job_restart', 0)}"
              + (f", job {attempt['job_id']}" if attempt.get("job_id") else ""))
-    words = [f"{_RESTART_WORDS.get(kind, kind)} ({where})"]
     resumed = record.get("resumed_from")
-    words.append(f"resumed from checkpoint step {resumed}" if resumed is not None else "no checkpoint: from step 0")
+    words = [f"resumed from checkpoint step {resumed}" if resumed is not None else "no checkpoint: from step 0"]
     high, step = record.get("last_logged_step"), int(record.get("step") or 0)
     if isinstance(high, int) and high > step:
-        words.append(f"steps {step + 1}-{high} recomputed")
+        words.append(f"step {high} recomputed" if high == step + 1 else f"steps {step + 1}-{high} recomputed")
     if cause:
         words.append(f"cause: {cause}")
-    return "; ".join(words)
+    return f"{_RESTART_WORDS.get(kind, kind)} ({where}): " + "; ".join(words)
 
 
 class Series:
