@@ -35,10 +35,6 @@ class EventWriter:
         self.logdir = logdir
         self._writer = writer_cls(logdir, filename_suffix=filename_suffix)
 
-    @property
-    def path(self) -> str:
-        return self._writer.get_filename()
-
     def _value(self, point: Point):
         s = self._summary
         if isinstance(point.value, str):
