@@ -41,13 +41,14 @@ def run_dir_of(run: str) -> str:
     if os.path.isdir(run):
         return run
     from megatron_resilience.plugins._task import our_trainer_editor
+    from megatron_resilience.upstream.nemorun import experiment_tasks
 
     try:
-        exp = import_nemo_run().Experiment.from_id(run)
+        tasks = experiment_tasks(run)
     except Exception as err:  # noqa: BLE001 - nemo_run raises several kinds for an unknown id
         raise RunContextError(f"{run!r} is neither a run directory nor a NeMo-Run experiment id ({err})") from None
-    for job in exp.jobs:
-        editor = our_trainer_editor(job.task, "megatron_resilience")
+    for task in tasks:
+        editor = our_trainer_editor(task, "megatron_resilience")
         found = editor.run_dir() if editor is not None else None
         if found:
             return found

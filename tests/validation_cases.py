@@ -111,7 +111,7 @@ TASK_CASES = [
      "train.exit_duration_in_mins, train.device", NO_PYTHON),
     (["trian.max_steps=3"],
      "trian.max_steps: unknown key; did you mean train.max_steps? sections: run_dir, model, parallel, data, optim, "
-     "train, checkpoint, ft, straggler, rerun (every key: python -m megatron_resilience --help)", NO_PYTHON),
+     "train, checkpoint, ft, straggler, rerun, logger (every key: python -m megatron_resilience --help)", NO_PYTHON),
     (["optim.learning_rate=0.1"],
      "optim.learning_rate: unknown key; valid keys in optim: optim.optimizer, optim.lr, optim.min_lr, "
      "optim.lr_warmup_steps, optim.lr_decay_steps, optim.lr_decay_style, optim.weight_decay, optim.adam_beta1, "

@@ -57,6 +57,21 @@ def quiet_cli_parser() -> Iterator[None]:
         logger.disabled = disabled
 
 
+def experiment_tasks(experiment_id: str) -> list[Any]:
+    """The tasks of a saved NeMo-Run experiment (``Experiment.from_id``), as ``run.Partial``/``run.Script``.
+
+    A reloaded job keeps its task as the serializer's text (nemo-run 0.11: a zlib'd JSON string), which
+    nemo_run deserializes only when it launches the job again; it is turned back into the config here."""
+    run = import_nemo_run()
+    from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
+
+    tasks = []
+    for job in run.Experiment.from_id(experiment_id).jobs:
+        task = getattr(job, "task", None)
+        tasks.append(ZlibJSONSerializer().deserialize(task) if isinstance(task, str) else task)
+    return tasks
+
+
 def run_cli(argv: list[str], *, standalone_mode: bool = True) -> Any:
     """Run ``nemo <argv...>`` in this process (``argv`` without the program name)."""
     import_nemo_run()
