@@ -8,6 +8,7 @@ from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
 from megatron_resilience.config.logger import LoggerConfig
+from megatron_resilience.config.memory import check_memory
 from megatron_resilience.config.model import ModelConfig
 from megatron_resilience.config.optimizer import OptimizerConfig
 from megatron_resilience.config.parallel import ParallelConfig
@@ -68,4 +69,5 @@ class PretrainConfig:
                  self.model.seq_length)
         dp = self.parallel.data_parallel_size(world_size)
         self.train.resolved_global_batch_size(dp)
+        check_memory(self, world_size)
         return dp
