@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 
 def read_tensorboard(logdir: str) -> dict[str, list[tuple[int, float | str]]]:
@@ -57,8 +58,20 @@ def _wandb_records(path: str) -> list[bytes]:
     return out
 
 
-def read_wandb_offline(save_dir: str) -> list[dict]:
-    """Every offline run folder under ``save_dir/wandb`` in start order: {"id", "project", "name", "rows"}."""
+def read_wandb_offline(save_dir: str, *, rows: int | None = None, timeout: float = 120.0) -> list[dict]:
+    """Every offline run folder under ``save_dir/wandb`` in start order: {"id", "project", "name", "rows"}.
+
+    W&B's service writes the files in the background (also after ``finish()`` returned, and for a killed
+    attempt until it notices): with ``rows``, wait until that many history rows were written in all."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = _read_wandb_offline(save_dir)
+        if rows is None or sum(len(r["rows"]) for r in runs) >= rows or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
+
+
+def _read_wandb_offline(save_dir: str) -> list[dict]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     runs = []

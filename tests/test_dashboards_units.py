@@ -127,7 +127,7 @@ def test_wandb_offline_run_keeps_one_id_next_to_the_checkpoints(tmp_path, monkey
         run.write([Point("lm loss", 1.0 * first_step, first_step), Point("checkpoint/save-seconds", 0.5, 0)])
         run.write([Point("lm loss", 2.0 * first_step, first_step + 1)])
         run.close()
-    runs = read_wandb_offline(str(tmp_path / "wb"))
+    runs = read_wandb_offline(str(tmp_path / "wb"), rows=4)
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     assert [r["id"] for r in runs] == [run_id, run_id]
     rows = [{k: v for k, v in row.items() if not k.startswith("_") or k == "_step"} for r in runs for row in r["rows"]]

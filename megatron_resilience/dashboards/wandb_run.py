@@ -49,15 +49,25 @@ def stable_run_id(folder: str) -> str:
     return run_id
 
 
+def _settings(wandb: Any) -> Any:
+    """console="off": W&B would otherwise wrap rank 0's stdout/stderr, which the job-level tools read. The
+    ``.wandb`` file is flushed every second (W&B's default is 15 s), so a rank killed mid-run loses at most that
+    much of it, as ``metrics.jsonl`` and the event files lose nothing written; releases without that setting
+    keep their own interval."""
+    try:
+        return wandb.Settings(console="off", silent=True, x_transaction_log_flush_interval=1.0)
+    except Exception:  # noqa: BLE001 - an older wandb without the field
+        return wandb.Settings(console="off", silent=True)
+
+
 class WandbRun:
     def __init__(self, *, project: str, entity: str | None, name: str, save_dir: str, id_folder: str,
                  config: dict[str, Any]) -> None:
         wandb = import_wandb()
         os.makedirs(save_dir, exist_ok=True)
         self.run_id = stable_run_id(id_folder)
-        # console="off": W&B would otherwise wrap rank 0's stdout/stderr, which the job-level tools read.
         self.run = wandb.init(project=project, entity=entity, name=name, id=self.run_id, resume="allow",
-                              dir=save_dir, config=config, settings=wandb.Settings(console="off", silent=True))
+                              dir=save_dir, config=config, settings=_settings(wandb))
         self.current = -1
 
     def write(self, points: Iterable[Point]) -> None:
