@@ -14,15 +14,16 @@ import sys
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 
-def scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    out: dict[str, list[tuple[int, float]]] = {}
+def scalars(logdir: str) -> dict[str, list[tuple[int, float | str]]]:
+    out: dict[str, list[tuple[int, float | str]]] = {}
     for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
         for event in EventFileLoader(path).Load():
             for value in event.summary.value:
                 if value.metadata.plugin_data.plugin_name == "text":
-                    continue
-                number = value.simple_value if value.HasField("simple_value") else value.tensor.float_val[0]
-                out.setdefault(value.tag, []).append((event.step, number))
+                    item = value.tensor.string_val[0].decode()
+                else:
+                    item = value.simple_value if value.HasField("simple_value") else value.tensor.float_val[0]
+                out.setdefault(value.tag, []).append((event.step, item))
     return out
 
 
@@ -39,18 +40,20 @@ def main(run_dir: str, out: str) -> str:
     if "lm loss validation" in tb:
         vs, vl = zip(*tb["lm loss validation"])
         top.plot(vs, vl, "s", label="lm loss validation")
-    for tag, color in (("resilience/restart-resumed-from", "tab:red"),):
-        for step, resumed in tb.get(tag, []):
-            top.axvline(step - 0.5, color=color, linestyle="--", linewidth=1)
-            top.annotate(f"restart: resumed from {int(resumed)}", (step - 0.5, max(loss)), rotation=90, fontsize=8,
-                         va="top", ha="right", color=color)
+    events = dict(tb.get("resilience/events", []))
+    for step, resumed in tb.get("resilience/restart-resumed-from", []):
+        what = str(events.get(step, "restart")).split(" (")[0]  # "in-job restart", "requeue", ...
+        top.axvline(step - 0.5, color="tab:red", linestyle="--", linewidth=1)
+        top.annotate(f"{what}: resumed from {int(resumed)}", (step - 0.5, max(loss)), rotation=90, fontsize=8,
+                     va="top", ha="right", color="tab:red")
     top.set_ylabel("loss")
     top.legend(loc="lower left")
     top.set_title("TensorBoard scalars of one run across an in-job restart and a requeue")
-    for tag in ("resilience/in-job-restarts", "resilience/requeues", "resilience/recomputed-steps"):
+    for tag, width in (("resilience/in-job-restarts", 4), ("resilience/requeues", 2.5),
+                       ("resilience/recomputed-steps", 1.2)):
         if tag in tb:
             s, v = zip(*tb[tag])
-            bottom.step(s, v, where="post", label=tag)
+            bottom.step(s, v, where="post", label=tag, linewidth=width)
     bottom.set_xlabel("step")
     bottom.set_ylabel("running total")
     bottom.legend(loc="upper left", fontsize=8)
