@@ -116,24 +116,24 @@ def test_tensorboard_writer_is_read_back_by_tensorboards_loader(tmp_path):
                                                "resilience/events": [(1, "requeue: resumed from step 0")]}
 
 
-def test_wandb_offline_run_keeps_one_id_next_to_the_checkpoints(tmp_path, monkeypatch):
+def test_wandb_offline_run_takes_its_id_from_next_to_the_checkpoints_and_never_logs_a_step_backwards(tmp_path,
+                                                                                                     monkeypatch):
+    """One real offline W&B run (the launched test proves the id is kept across three (re)starts)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     from dashboards_support import read_wandb_offline
 
-    for first_step in (1, 3):  # two (re)starts of one training run
-        run = WandbRun(project="p", entity=None, name="n", save_dir=str(tmp_path / "wb"), id_folder=str(tmp_path),
-                       config={"a": 1})
-        run.write([Point("lm loss", 1.0 * first_step, first_step), Point("checkpoint/save-seconds", 0.5, 0)])
-        run.write([Point("lm loss", 2.0 * first_step, first_step + 1)])
-        run.close()
-    runs = read_wandb_offline(str(tmp_path / "wb"), rows=4)
-    run_id = (tmp_path / "wandb_run_id").read_text().strip()
-    assert [r["id"] for r in runs] == [run_id, run_id]
-    rows = [{k: v for k, v in row.items() if not k.startswith("_") or k == "_step"} for r in runs for row in r["rows"]]
-    # the save reported for step 0 lands in the current row (W&B drops a step below its current one)
-    assert rows == [{"lm loss": 1, "checkpoint/save-seconds": 0.5, "_step": 1}, {"lm loss": 2, "_step": 2},
-                    {"lm loss": 3, "checkpoint/save-seconds": 0.5, "_step": 3}, {"lm loss": 6, "_step": 4}]
+    (tmp_path / "wandb_run_id").write_text("kept1234\n")  # as an earlier attempt left it
+    run = WandbRun(project="p", entity=None, name="n", save_dir=str(tmp_path / "wb"), id_folder=str(tmp_path),
+                   config={"a": 1})
+    run.write([Point("lm loss", 1.5, 3), Point("checkpoint/save-seconds", 0.5, 1)])
+    run.write([Point("lm loss", 2.5, 4)])
+    run.close()
+    [offline] = read_wandb_offline(str(tmp_path / "wb"), rows=2)
+    assert (offline["id"], offline["project"], offline["name"]) == ("kept1234", "p", "n")
+    rows = [{k: v for k, v in row.items() if not k.startswith("_") or k == "_step"} for row in offline["rows"]]
+    # the save reported for step 1 lands in the current row: W&B would drop a step below its current one
+    assert rows == [{"lm loss": 1.5, "checkpoint/save-seconds": 0.5, "_step": 3}, {"lm loss": 2.5, "_step": 4}]
 
 
 def _without(monkeypatch, module):
