@@ -178,8 +178,6 @@ class FaultTolerancePlugin(run.Plugin):
         if bad:  # cannot happen by construction; a guard against nemo_run changing its spelling
             raise ConfigError(f"{NAME}: ft_launcher of nvidia-resiliency-ext {'.'.join(map(str, version))} "
                               f"would reject {bad}")
-        if profile.is_slurm:
-            self._check_ranks_per_node(executor)
         disable_nsys(executor, target.editor, NAME, "nsys would wrap ft_launcher and be restarted with it, and "
                      "signals and in-job restarts would not reach the training ranks")
         self._set_retries(executor, profile)
@@ -327,16 +325,6 @@ class FaultTolerancePlugin(run.Plugin):
             return None
         self._set_env(executor, env, path)
         return path
-
-    @staticmethod
-    def _check_ranks_per_node(executor: Any) -> None:
-        # nemo_run starts one ft_launcher per node with --nproc-per-node = torchrun_nproc_per_node or
-        # ntasks_per_node (then forces ntasks_per_node=1): ntasks_per_node=1 with 8 GPUs means 1 rank per node.
-        nproc = executor.torchrun_nproc_per_node or executor.ntasks_per_node
-        gpus = executor.gpus_per_node
-        if gpus and nproc != gpus:
-            log.warning("%s: ft_launcher will start %s rank(s) per node but executor.gpus_per_node=%s; set "
-                        "ntasks_per_node=%s (nemo_run turns it into --nproc-per-node)", NAME, nproc, gpus, gpus)
 
     def _set_rdzv_join_timeout(self, executor: Any) -> None:
         # ft_launcher reads --rdzv-conf from PET_RDZV_CONF (all versions); nemo_run has no field for it.
