@@ -7,8 +7,9 @@ requeued; ``RestartPolicyPlugin`` decides per attempt, from why it ended, whethe
 running another trainer, ``script_args_converter_fn`` turns the plugins' ``...ScriptArgs`` into its
 command-line arguments (Megatron-Bridge's API; ``megatron_lm_args`` and ``megatron_bridge_args`` are
 built in and picked from what the script's arguments say, ``trainer_detect``); Megatron-Bridge and NeMo 2.0
-``run.Partial`` tasks are configured where those projects keep their settings (``partial_trainers``). Importing this package makes ``run.run``/``Experiment.add`` check our tasks with or without
-plugins (``submit_check.py``).
+``run.Partial`` tasks are configured where those projects keep their settings (``partial_trainers``).
+Importing this package makes ``run.run``/``Experiment.add`` check our tasks with or without plugins
+(``submit_check.py``).
 """
 
 from megatron_resilience.plugins.fault_tolerance import FaultTolerancePlugin
