@@ -101,6 +101,7 @@ def test_node_lost_without_a_spare_shrinks_to_one_node_and_grows_back(multinode_
         setattr(getattr(task, section), field, value)
     faults = dataclasses.replace(cluster, partition=cluster.fault_partition)
     with use_cluster(cluster), saturated(seconds=1800):
+        job = None
         blocker = _sbatch(f"--partition={cluster.fault_partition}", f"--nodelist={busy}", "--exclusive",
                           "--time=30", "--job-name=mr-elastic-blocker", "--output=/dev/null", "--wrap", "sleep 1800")
         watcher = None
@@ -112,8 +113,9 @@ def test_node_lost_without_a_spare_shrinks_to_one_node_and_grows_back(multinode_
             job = submit("elastic", task, executor, [
                 FaultTolerancePlugin(min_nodes=1, num_in_job_restarts=1, num_job_retries_on_failure=2),
                 PreemptionPlugin(preempt_time=60), RestartPolicyPlugin(policy=policy)], run_dir=task.run_dir)
-            watcher = Watcher(job.run_dir, cluster.env, os.path.join(root, "watch.log"))
             wait_until(lambda: SAVE in job.checkpoint_steps(), timeout=900, interval=0.2, what="the first checkpoint")
+            # Started once the first attempt is in the ledger (it finds the job's config there), as on a login node.
+            watcher = Watcher(job.run_dir, cluster.env, os.path.join(root, "watch.log"))
             first_nodes = _nodes(job.info()["NodeList"])
             assert sorted(first_nodes) == sorted([lost, cluster.nodes[1]]), job.describe()
             _set(lost, "DRAIN", "DOWN")
@@ -128,6 +130,8 @@ def test_node_lost_without_a_spare_shrinks_to_one_node_and_grows_back(multinode_
         finally:
             _resume(lost)
             subprocess.run(["scancel", blocker], capture_output=True)
+            if job is not None and job.info().get("JobState") not in ("COMPLETED", "FAILED", "CANCELLED"):
+                subprocess.run(["scancel", job.slurm_id], capture_output=True)  # a failed test leaves nothing queued
             if watcher is not None:
                 if watcher.proc.poll() is None:
                     watcher.kill()
