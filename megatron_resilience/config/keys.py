@@ -74,6 +74,8 @@ MEANING = {
     "checkpoint.async_save": "write checkpoints in the background",
     "checkpoint.simulated_slow_save": "testing aid: hold every save this many seconds (first attempt only)",
     "checkpoint.save_on_exit": "save when training ends or stops early",
+    "checkpoint.interval_policy": "fixed (every save_interval steps) or young_daly (the trainer picks Daly's optimum)",
+    "checkpoint.expected_mtbf_hours": "the job's expected mean time between failures; young_daly's M until measured",
     "ft.enabled": "report to nvidia-resiliency-ext's rank monitor (under ft_launcher)",
     "ft.mode": "sections (setup/step/checkpointing timeouts) or heartbeats",
     "ft.calc_ft_timeouts": "learn timeouts from the run and keep them in ft_state.json",

@@ -32,6 +32,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
+from megatron_resilience.goodput.history import save_blocking
+
 BUCKETS = ("startup", "data_loading", "checkpoint_restore", "checkpoint_save", "wasted_progress",
            "failure_detection", "restart_inprocess", "restart_process", "restart_job", "eval", "other")
 PRODUCTIVE = "productive"
@@ -139,14 +141,6 @@ def train_windows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _t(rec: dict[str, Any]) -> float:
     return float(rec.get("time") or 0.0)
-
-
-def save_blocking(rec: dict[str, Any]) -> float | None:
-    """A checkpoint record's blocking seconds (``blocking_s``; older records: ``blocking_seconds``/``seconds``)."""
-    for key in ("blocking_s", "blocking_seconds", "seconds"):
-        if rec.get(key) is not None:
-            return float(rec[key])
-    return None
 
 
 @dataclass

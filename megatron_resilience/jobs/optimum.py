@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from megatron_resilience.goodput import daly
-from megatron_resilience.jobs.accounting import Accounting, save_blocking
-
-MIN_FAILURES = 3  # failures seen before the run's own M replaces the user's estimate
+from megatron_resilience.goodput.history import MIN_FAILURES, between_saves, periodic_save_seconds
+from megatron_resilience.jobs.accounting import Accounting
 
 
 @dataclass
@@ -50,28 +49,6 @@ class Optimum:
         return asdict(self)
 
 
-def _interval_saves(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    saves = [r for r in records if r.get("kind") == "checkpoint" and save_blocking(r) is not None]
-    periodic = [r for r in saves if r.get("reason") == "interval"]
-    return periodic or saves
-
-
-def _between_saves(records: list[dict[str, Any]]) -> list[tuple[float, int]]:
-    """(compute seconds, steps) between consecutive periodic saves requested in one trainer cycle."""
-    out: list[tuple[float, int]] = []
-    previous = None
-    for rec in records:
-        if rec.get("kind") == "start":
-            previous = None
-        elif rec.get("kind") == "checkpoint" and rec.get("reason") == "interval" and rec.get("start_time"):
-            if previous is not None and rec.get("step", 0) > previous.get("step", 0):
-                seconds = float(rec["start_time"]) - float(previous["start_time"]) - (save_blocking(previous) or 0)
-                if seconds > 0:
-                    out.append((seconds, int(rec["step"]) - int(previous["step"])))
-            previous = rec
-    return out
-
-
 def _user_mtbf(records: list[dict[str, Any]]) -> float | None:
     """The user's estimate as the trainer recorded it (``checkpoint_interval`` records), in seconds."""
     found = [r.get("expected_mtbf_s") for r in records if r.get("kind") == "checkpoint_interval"]
@@ -81,9 +58,9 @@ def _user_mtbf(records: list[dict[str, Any]]) -> float | None:
 
 def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
     out = Optimum()
-    saves = _interval_saves(records)
+    saves = periodic_save_seconds(records)
     if saves:
-        out.c = statistics.median(save_blocking(r) for r in saves)
+        out.c = statistics.median(saves)
     failures = [i for i in acc.interruptions if i.kind != "preemption"]
     out.failures = len(failures)
     restarts = [i.restart_seconds for i in failures if i.restart_seconds is not None] or \
@@ -99,7 +76,7 @@ def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
     elif estimate is not None:
         out.m = estimate
         out.m_source = f"the user's estimate (checkpoint.expected_mtbf_hours; {out.failures} failure(s) seen)"
-    between = _between_saves(records)
+    between = between_saves(records)
     if between:
         out.tau = statistics.median(s for s, _ in between)
         out.seconds_per_step = statistics.median(s / n for s, n in between)

@@ -318,7 +318,9 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
             window_losses, window_time = [], 0.0
         if t.eval_interval and step % t.eval_interval == 0:
             with hooks.eval_section():
-                ctx.metrics.eval(step=step, eval_loss=evaluate(ctx))
+                began = time.perf_counter()
+                eval_loss = evaluate(ctx)
+                ctx.metrics.eval(step=step, eval_loss=eval_loss, duration_s=time.perf_counter() - began)
         poll_async_checkpoints(ctx)
         if ctx.checkpoints.should_save(step) and step != t.max_steps:
             # A signal from this step stops the run first: its stop is recorded before any slow save starts.

@@ -3,7 +3,7 @@
 Every JSON line has a ``kind``:
 
 - ``"train"``: ``step, loss, lr, grad_norm, step_time_s, tokens_per_s, consumed_samples, time``;
-- ``"eval"``: ``step, eval_loss, time``;
+- ``"eval"``: ``step, eval_loss, duration_s`` (the evaluation's wall time), ``time``;
 - ``"start"``: ``step`` (the step training resumes from), ``consumed_samples``, ``resumed``,
   ``resumed_from`` (checkpoint step or null), ``attempt`` (``slurm_restart``, ``in_job_restart``,
   ``job_id``), ``last_logged_step`` (the highest step logged before this start, or null), ``versions``
@@ -146,11 +146,12 @@ class MetricsLogger:
         self._last = (step, now)
         return (self.max_steps - step) * (self._seconds_per_step or step_time_s)
 
-    def eval(self, *, step: int, eval_loss: float) -> None:
+    def eval(self, *, step: int, eval_loss: float, duration_s: float | None = None) -> None:
         if not self.enabled:
             return
         log.info("eval at step %d | eval_loss %.4f", step, eval_loss)
-        self._write({"kind": "eval", "step": step, "eval_loss": eval_loss, "time": time.time()})
+        self._write({"kind": "eval", "step": step, "eval_loss": eval_loss, "duration_s": duration_s,
+                     "time": time.time()})
 
     def close(self) -> None:
         if self._file is not None:
