@@ -44,9 +44,10 @@ def between_saves(records: list[dict[str, Any]]) -> list[tuple[float, int]]:
     return out
 
 
-def _failed_cycles(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def _failed_cycles(records: list[dict[str, Any]], *, new_cycle: bool = False) -> list[tuple[float, float]]:
     """(start, end) of trainer cycles that ended without a clean ``end`` record (exit code 0) and were followed
-    by another start: killed, hung, crashed, or exited with an error."""
+    by another start: killed, hung, crashed, or exited with an error. ``new_cycle``: a trainer is starting now
+    (its ``start`` record not written yet), so the last cycle in the records is followed by one too."""
     out, begin, clean, last = [], None, False, None
     for rec in records:
         kind = rec.get("kind")
@@ -58,6 +59,8 @@ def _failed_cycles(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
             clean = int(rec.get("exit_code") or 0) == 0
         if rec.get("time") is not None:
             last = float(rec["time"])
+    if new_cycle and begin is not None and not clean:
+        out.append((begin, last))
     return out
 
 
@@ -85,10 +88,10 @@ def allocated_seconds(records: list[dict[str, Any]], *, now: float | None = None
     return sum(max(0.0, end - begin) for begin, end in spans.values())
 
 
-def failures(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = ()) -> int:
+def failures(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *, new_cycle: bool = False) -> int:
     """Unplanned interruptions so far: failed trainer cycles, and Slurm attempts the ledger classified as failures
     whose last trainer cycle still ended cleanly (a node failure whose surviving rank saved on Slurm's SIGTERM)."""
-    failed = {begin for begin, _ in _failed_cycles(records)}
+    failed = {begin for begin, _ in _failed_cycles(records, new_cycle=new_cycle)}
     starts = [float(r["time"]) for r in records if r.get("kind") == "start" and r.get("time") is not None]
     count = len(failed)
     for a in ledger:
@@ -102,10 +105,10 @@ def failures(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = ()) -
 
 
 def mtbf(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *, estimate_s: float | None = None,
-         now: float | None = None) -> tuple[float | None, str, int]:
+         now: float | None = None, new_cycle: bool = False) -> tuple[float | None, str, int]:
     """(M in seconds or None, where it came from, failures seen): the run's own allocated time / failures once it
     has seen ``MIN_FAILURES``; the user's estimate before that; the few failures seen when there is no estimate."""
-    seen = failures(records, ledger)
+    seen = failures(records, ledger, new_cycle=new_cycle)
     seconds = allocated_seconds(records, now=now)
     if seen >= MIN_FAILURES or (seen and estimate_s is None):
         note = "" if seen >= MIN_FAILURES else f" (fewer than {MIN_FAILURES}: a rough estimate)"

@@ -224,9 +224,12 @@ def save_checkpoint(ctx: TrainContext, why: str) -> None:
 
 
 def record_durable_checkpoints(ctx: TrainContext) -> None:
-    """A ``checkpoint`` record in metrics.jsonl for each save that became durable (committed) since last time."""
+    """A ``checkpoint`` record in metrics.jsonl for each save that became durable (committed) since last time,
+    and a ``checkpoint_interval`` record for each interval the trainer chose (``checkpoint.interval_policy``)."""
     for record in ctx.checkpoints.take_durable():
         ctx.metrics.event("checkpoint", **record)
+    for record in ctx.checkpoints.take_interval_changes():
+        ctx.metrics.event("checkpoint_interval", **record)
 
 
 def poll_async_checkpoints(ctx: TrainContext) -> None:
@@ -285,6 +288,7 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
     window_losses: list[torch.Tensor | None] = []
     window_time = 0.0
     reason, exit_code = FINISHED, None
+    record_durable_checkpoints(ctx)  # the interval chosen at the restart (checkpoint.interval_policy=young_daly)
     stop = hooks.stop_requested(state)  # a signal during setup: stop before the first step
     if stop:
         reason = stop

@@ -15,6 +15,9 @@ Every JSON line has a ``kind``:
   ``path``;
 - ``"signal"``: the exit signal stopped the run: ``signal``, ``received_time`` and ``received_during``
   (rank 0's), ``first_received_time`` (any rank), ``count``, ``step``, ``before_training``;
+- ``"checkpoint_interval"`` (``checkpoint.interval_policy=young_daly``): each interval the trainer chose:
+  ``step``, ``after`` ("restart" or "save"), ``interval_steps``, ``tau_s``, ``c_s``, ``m_s``, ``m_source``,
+  ``failures``, ``step_s``, ``expected_mtbf_s``;
 - ``"end"``: ``step``, ``reason`` (as passed to ``hooks.on_exit``), ``exit_code``;
 - other kinds written through :meth:`MetricsLogger.event`.
 
