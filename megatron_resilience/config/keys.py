@@ -107,6 +107,7 @@ MEANING = {
     "rerun.error_injection_rate": "inject an error once in this many checks; 0 = never",
     "rerun.error_injection_type": "correct_result, transient_error or persistent_error",
     "rerun.result_rejected_tracker_filename": "file that counts rejected results across restarts",
+    "rerun.accept_chaos_nan": "testing aid: the loss is NaN while the chaos tool's trigger names this attempt",
 }
 
 
