@@ -84,29 +84,30 @@ def _state(pid: int) -> str:
 
 
 def test_a_rank_fault_finds_the_jobs_rank_on_the_node_logs_the_line_and_kills_it(tmp_path):
-    ranks = [_fake_rank(tmp_path, job="4242", node="mn3", rank=r) for r in (0, 1)]
-    other = _fake_rank(tmp_path, job="4243", node="mn3", rank=0)  # another job's rank: never touched
+    job, other_job = f"{os.getpid()}42", f"{os.getpid()}43"  # no other test's process has these
+    ranks = [_fake_rank(tmp_path, job=job, node="mn3", rank=r) for r in (0, 1)]
+    other = _fake_rank(tmp_path, job=other_job, node="mn3", rank=0)  # another job's rank: never touched
     try:
         deadline = time.monotonic() + 30
-        while len(on_node.rank_processes("4242", "mn3")) < 2 and time.monotonic() < deadline:
+        while len(on_node.rank_processes(job, "mn3")) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        found = on_node.rank_processes("4242", "mn3")
+        found = on_node.rank_processes(job, "mn3")
         assert [(p["rank"], p["pid"]) for p in found] == [(0, ranks[0][0].pid), (1, ranks[1][0].pid)]
-        assert on_node.rank_processes("4242", "mn1") == []  # another node's processes are not this node's
-        result = on_node.inject("4242", "gpu_xid", node="mn3", seed=0, rank=1)
+        assert on_node.rank_processes(job, "mn1") == []  # another node's processes are not this node's
+        result = on_node.inject(job, "gpu_xid", node="mn3", seed=0, rank=1)
         assert result["ok"] and (result["rank"], result["pid"], result["signal"]) == (1, ranks[1][0].pid, "SIGKILL")
         assert ranks[1][0].wait(timeout=30) == -signal.SIGKILL
         text = ranks[1][1].read_text()
         assert text == (f"mn3 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid={ranks[1][0].pid}, name=python, GPU has "
                         "fallen off the bus.\n")
-        hang = on_node.inject("4242", "rank_hang", node="mn3", seed=0)
+        hang = on_node.inject(job, "rank_hang", node="mn3", seed=0)
         assert hang["ok"] and hang["rank"] == 0 and hang["lines"] == []
         deadline = time.monotonic() + 30
         while _state(ranks[0][0].pid) != "T" and time.monotonic() < deadline:  # the signal takes a moment
             time.sleep(0.05)
         assert _state(ranks[0][0].pid) == "T"  # stopped
         assert ranks[0][0].poll() is None and other[0].poll() is None
-        assert not on_node.inject("4242", "gpu_ecc", node="mn9", seed=0)["ok"]
+        assert not on_node.inject(job, "gpu_ecc", node="mn9", seed=0)["ok"]
     finally:
         for proc, _ in ranks + [other]:
             if proc.poll() is None:

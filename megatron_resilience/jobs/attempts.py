@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_resilience.jobs import evidence as ev
-from megatron_resilience.jobs import slurm
+from megatron_resilience.jobs import preemption_margin, slurm
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
@@ -74,6 +74,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         "checkpoint_step": progress["checkpoint_step"], "recomputed_steps": progress["recomputed_steps"],
         "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
     }
+    if cls.error_type == "preempted":
+        record["preemption"] = preemption_margin.measure(stop_reason, mine, exit_time=record["end"],
+                                                         preempt_time=cfg.preempt_time)
     policy = cfg.load_policy()
     if policy is None:
         decision = decide_like_nemo_run(cls, history, retries=retries, ft=cfg.ft,

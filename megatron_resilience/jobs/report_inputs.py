@@ -4,8 +4,9 @@ faults a chaos run injected, and when the launcher noticed a failure.
 Allocation windows: Slurm's record (``sacct`` Start -> End of each run of the job: a requeue adds a
 run) when this machine has Slurm, else the ledger's ``attempt_start`` time and the batch script's
 record of the end (the watcher's record is only the time of its poll, up to a poll interval late).
-A window always covers the trainer records that name its attempt (``sacct`` has whole seconds). A
-run without a ledger (local) is one window from its launcher's start (the ``start`` record's
+A window covers the trainer records that name its attempt up to 1 s after Slurm's End (``sacct`` has whole
+seconds); a rank still writing on a node Slurm declared failed writes outside the allocation, which is not
+counted. A run without a ledger (local) is one window from its launcher's start (the ``start`` record's
 ``setup.launcher_start``, else the process's creation) to its last record.
 """
 
@@ -113,12 +114,12 @@ def ledger_windows(ledger: Ledger, records: list[dict[str, Any]], *, slurm_looku
         if begin is None:
             continue
         if run.get("end"):
-            end = run["end"]
-        elif a.get("_running"):
-            end = now
+            # Slurm's End has whole seconds: the trainer's last record may lie up to 1 s after it. Records later
+            # than that (a rank still writing on a node Slurm declared failed) are outside the allocation.
+            end = max(float(run["end"]), min(last_record.get(key, 0.0), float(run["end"]) + 0.999))
         else:
-            end = a.get("end") if a.get("end") is not None else a.get("time")
-        end = max(float(end or begin), last_record.get(key, 0.0))
+            end = now if a.get("_running") else (a.get("end") if a.get("end") is not None else a.get("time"))
+            end = max(float(end or begin), last_record.get(key, 0.0))
         cls = a.get("classification") or {}
         cycles = a.get("cycles") or []
         windows.append(AttemptWindow(
