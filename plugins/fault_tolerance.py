@@ -94,7 +94,7 @@ class FaultTolerancePlugin(run.Plugin):
     ``rdzv_join_timeout`` (whole seconds, multi-node Slurm jobs): every node must join each rendezvous round
     (the first and the one after every in-job restart) within it; after a node is lost the other agents
     give up after it (exit 1) and the job is requeued. It must cover the nodes' start-up skew.
-    The remaining fields are ft_launcher's safety features (README: which release has which); None or
+    The remaining fields are ft_launcher's safety features (docs/plugins.md: which release has which); None or
     False leaves ft_launcher's own default.
     """
 

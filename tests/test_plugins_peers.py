@@ -8,7 +8,7 @@ the script's arguments, ft_launcher as the launcher, a ``script_args_converter_f
 ``PreemptionPluginScriptArgs`` / ``FaultTolerancePluginScriptArgs`` for scripts with other flags, and
 ``enable_exit_handler=False`` leaving the task alone. NeMo 2.0 documents the same FT fields and defaults.
 Where ours deliberately differ (job retries are counted as attempts on Slurm; section timeouts by
-default), the README's migration table says why, and the tests below pin the difference.
+default), docs/migration.md's table says why, and the tests below pin the difference.
 """
 
 from __future__ import annotations
