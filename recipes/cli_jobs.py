@@ -1,4 +1,4 @@
-"""``nemo megatron_resilience report RUN`` and ``nemo megatron_resilience watch RUN``: the job-level commands.
+"""``nemo megatron_resilience report|watch|chaos RUN``: the job-level commands.
 
 ``RUN`` is a run directory (it holds ``job_ledger.jsonl``) or a NeMo-Run experiment id (its job's
 ``run_dir`` is used). Options are ``key=value`` as elsewhere in NeMo-Run's CLI:
@@ -68,6 +68,19 @@ def watch(run: str, interval: str = "30", once: str = "false", job_id: str = "")
                 (["--job-id", job_id] if job_id else []))
 
 
+def chaos(run: str, mtbf: str = "", mix: str = "llama3", seed: str = "0", max_count: str = "10",
+          max_time: str = "1h", repair: str = "60s", job_id: str = "", plan: str = "false") -> int:
+    """Inject a seeded stream of realistic failures into the run's running Slurm job (chaos_ledger.jsonl)."""
+    from megatron_resilience.chaos.cli import main
+
+    if not mtbf:
+        raise RunContextError("chaos: mtbf= is required (the mean time between faults, e.g. mtbf=120s)")
+    argv = [run, "--mtbf", mtbf, "--mix", mix, "--seed", seed, "--max-count", max_count, "--max-time", max_time,
+            "--repair", repair] + (["--job-id", job_id] if job_id else []) + (["--plan"] if plan.lower() in TRUE
+                                                                             else [])
+    return main(argv)
+
+
 def _register(fn: Callable[..., Any], help: str) -> None:
     run.cli.entrypoint(namespace=NAMESPACE, run_ctx_cls=ToolRunContext, enable_executor=False,
                        skip_confirmation=True, help=help)(fn)
@@ -75,3 +88,4 @@ def _register(fn: Callable[..., Any], help: str) -> None:
 
 _register(report, "The run's chain of Slurm attempts: why each ended, decisions, goodput/badput, PNG timeline.")
 _register(watch, "Watch a run's Slurm jobs: node failures, lost batch hosts, finished-but-alive, stalls.")
+_register(chaos, "Inject a seeded stream of realistic failures (the Llama 3 mix) into a run's running Slurm job.")

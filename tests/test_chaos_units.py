@@ -113,3 +113,25 @@ def test_a_rank_fault_finds_the_jobs_rank_on_the_node_logs_the_line_and_kills_it
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_nemo_megatron_resilience_chaos_is_the_same_command(tmp_path):
+    """``nemo megatron_resilience chaos RUN key=value ...`` through NeMo-Run's CLI: the seeded plan, nothing touched."""
+    import contextlib
+    import io
+
+    from nemo_run.cli.api import create_cli
+
+    import megatron_resilience.recipes.cli  # noqa: F401  (registers the namespace's commands)
+
+    argv = ["nemo", "megatron_resilience", "chaos", str(tmp_path), "mtbf=60s", "seed=7", "max_count=3", "plan=true"]
+    out = io.StringIO()
+    saved, sys.argv = sys.argv, argv
+    try:
+        with contextlib.redirect_stdout(out):
+            code = create_cli()(args=argv[1:], standalone_mode=False)
+    finally:
+        sys.argv = saved
+    assert not code
+    faults = [json.loads(line)["fault"] for line in out.getvalue().splitlines() if line.startswith("{")]
+    assert faults == [p.fault for p in plan(load_mix("llama3"), seed=7, mtbf=60, count=3)]
