@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MIN_FAILURES = 3  # failures seen before a run's own M replaces the user's estimate
+MIN_FAILURES = 3  # interruptions seen before a run's own M replaces the user's estimate
 
 
 def save_blocking(rec: dict[str, Any]) -> float | None:
@@ -45,9 +45,10 @@ def between_saves(records: list[dict[str, Any]]) -> list[tuple[float, int]]:
 
 
 def _failed_cycles(records: list[dict[str, Any]], *, new_cycle: bool = False) -> list[tuple[float, float]]:
-    """(start, end) of trainer cycles that ended without a clean ``end`` record (exit code 0) and were followed
-    by another start: killed, hung, crashed, or exited with an error. ``new_cycle``: a trainer is starting now
-    (its ``start`` record not written yet), so the last cycle in the records is followed by one too."""
+    """(start, end) of trainer cycles that were interrupted, i.e. did not finish (``end`` record with reason
+    ``finished``) and were followed by another start: killed, hung, crashed, exited with an error, or stopped on
+    a preemption signal (as unplanned for the job as a failure, and it costs a restart too). ``new_cycle``: a
+    trainer is starting now (its ``start`` record not written yet), so the last cycle is followed by one too."""
     out, begin, clean, last = [], None, False, None
     for rec in records:
         kind = rec.get("kind")
@@ -56,7 +57,7 @@ def _failed_cycles(records: list[dict[str, Any]], *, new_cycle: bool = False) ->
                 out.append((begin, last))
             begin, clean = float(rec.get("time") or 0), False
         elif kind == "end":
-            clean = int(rec.get("exit_code") or 0) == 0
+            clean = rec.get("reason") == "finished"
         if rec.get("time") is not None:
             last = float(rec["time"])
     if new_cycle and begin is not None and not clean:
@@ -89,7 +90,7 @@ def allocated_seconds(records: list[dict[str, Any]], *, now: float | None = None
 
 
 def failures(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *, new_cycle: bool = False) -> int:
-    """Unplanned interruptions so far: failed trainer cycles, and Slurm attempts the ledger classified as failures
+    """Interruptions so far: interrupted trainer cycles, and Slurm attempts the ledger classified as failures
     whose last trainer cycle still ended cleanly (a node failure whose surviving rank saved on Slurm's SIGTERM)."""
     failed = {begin for begin, _ in _failed_cycles(records, new_cycle=new_cycle)}
     starts = [float(r["time"]) for r in records if r.get("kind") == "start" and r.get("time") is not None]
@@ -106,13 +107,13 @@ def failures(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *
 
 def mtbf(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *, estimate_s: float | None = None,
          now: float | None = None, new_cycle: bool = False) -> tuple[float | None, str, int]:
-    """(M in seconds or None, where it came from, failures seen): the run's own allocated time / failures once it
-    has seen ``MIN_FAILURES``; the user's estimate before that; the few failures seen when there is no estimate."""
+    """(M in seconds or None, where it came from, interruptions seen): the run's own allocated time / interruptions
+    once it has seen ``MIN_FAILURES``; the user's estimate before that; the few seen when there is no estimate."""
     seen = failures(records, ledger, new_cycle=new_cycle)
     seconds = allocated_seconds(records, now=now)
     if seen >= MIN_FAILURES or (seen and estimate_s is None):
         note = "" if seen >= MIN_FAILURES else f" (fewer than {MIN_FAILURES}: a rough estimate)"
-        return seconds / seen, f"{seconds:.0f} s / {seen} failure(s){note}", seen
+        return seconds / seen, f"{seconds:.0f} s / {seen} interruption(s){note}", seen
     if estimate_s is not None:
-        return estimate_s, f"checkpoint.expected_mtbf_hours ({seen} failure(s) seen)", seen
-    return None, "no failure seen and no estimate", seen
+        return estimate_s, f"checkpoint.expected_mtbf_hours ({seen} interruption(s) seen)", seen
+    return None, "no interruption seen and no estimate", seen

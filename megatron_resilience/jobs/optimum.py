@@ -4,9 +4,12 @@
   any save when there is none);
 - R: the median allocated time from a failure to the first training step of the next cycle
   (detection, restart, startup, checkpoint load; queue wait is not allocated and not counted);
-- M: allocated time / unplanned interruptions (failures; preemptions are planned) once the run has seen
-  ``MIN_FAILURES``; until then the user's estimate (``checkpoint.expected_mtbf_hours``, from the
-  trainer's ``checkpoint_interval`` records) when there is one, else the few failures seen;
+- M: allocated time / interruptions once the run has seen ``MIN_FAILURES``; until then the user's estimate
+  (``checkpoint.expected_mtbf_hours``, from the trainer's ``checkpoint_interval`` records) when there is one,
+  else the few seen. Every interruption counts, failures and preemptions alike: a scheduler's preemption or
+  maintenance is as unplanned for the job as a failure (Llama 3 counts host maintenance among its unexpected
+  interruptions), and it costs a restart too (a planned stop at a time limit counts as well: it cannot be told
+  apart);
 - tau: the median compute time between two periodic saves of one cycle (the wall time between their
   requests minus the earlier one's stall), and the steps between them (so seconds per step).
 
@@ -35,7 +38,7 @@ class Optimum:
     tau: float | None = None
     seconds_per_step: float | None = None
     interval_steps: int | None = None  # the interval used (steps between the periodic saves measured)
-    failures: int = 0
+    failures: int = 0  # interruptions seen (failures and preemptions)
     tau_young: float | None = None
     tau_daly: float | None = None
     e_star: float | None = None
@@ -61,28 +64,26 @@ def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
     saves = periodic_save_seconds(records)
     if saves:
         out.c = statistics.median(saves)
-    failures = [i for i in acc.interruptions if i.kind != "preemption"]
-    out.failures = len(failures)
-    restarts = [i.restart_seconds for i in failures if i.restart_seconds is not None] or \
-        [i.restart_seconds for i in acc.interruptions if i.restart_seconds is not None]
+    out.failures = len(acc.interruptions)
+    restarts = [i.restart_seconds for i in acc.interruptions if i.restart_seconds is not None]
     if restarts:
         out.r = statistics.median(restarts)
     estimate = _user_mtbf(records)
     if out.failures >= MIN_FAILURES or (out.failures and estimate is None):
         out.m = acc.allocated / out.failures
-        out.m_source = f"{acc.allocated:.0f} s allocated / {out.failures} failure(s)"
+        out.m_source = f"{acc.allocated:.0f} s allocated / {out.failures} interruption(s)"
         if out.failures < MIN_FAILURES:
             out.m_source += f" (fewer than {MIN_FAILURES}: a rough estimate)"
     elif estimate is not None:
         out.m = estimate
-        out.m_source = f"the user's estimate (checkpoint.expected_mtbf_hours; {out.failures} failure(s) seen)"
+        out.m_source = f"the user's estimate (checkpoint.expected_mtbf_hours; {out.failures} interruption(s) seen)"
     between = between_saves(records)
     if between:
         out.tau = statistics.median(s for s, _ in between)
         out.seconds_per_step = statistics.median(s / n for s, n in between)
         out.interval_steps = int(statistics.median(n for _, n in between))
-    missing = [name for name, value in (("C (no checkpoint records)", out.c), ("M (no failures and no estimate)",
-                                        out.m)) if value is None]
+    missing = [name for name, value in (("C (no checkpoint records)", out.c),
+                                        ("M (no interruption and no estimate)", out.m)) if value is None]
     if missing:
         out.missing = "cannot compute E*: " + ", ".join(missing)
         return out

@@ -5,8 +5,9 @@ At every restart (after the checkpoint load) and after every save, rank 0 recomp
 - C: the median blocking time of the run's periodic saves (this process's and the run's earlier ones,
   from ``metrics.jsonl``);
 - the wall seconds per step between saves (this process's own measure once it has one, else the run's);
-- M: allocated time / failures from the run's records and ``job_ledger.jsonl`` once the run has seen 3
-  failures, ``checkpoint.expected_mtbf_hours`` before that (:func:`megatron_resilience.goodput.history.mtbf`);
+- M: allocated time / interruptions (failures and preemptions) from the run's records and ``job_ledger.jsonl``
+  once the run has seen 3, ``checkpoint.expected_mtbf_hours`` before that
+  (:func:`megatron_resilience.goodput.history.mtbf`);
 - tau = Daly's interval for (C, M), within bounds: at least 2 C (never more than a third of the time in
   saves) and one step, at most M (save at least once per expected failure) and ``train.max_steps``.
 
