@@ -34,6 +34,9 @@ def test_llama3_mix_is_the_papers_table_with_its_source():
     assert recoverable.excluded == ("python_bug",) and sum(c.count for c in recoverable.causes) == 363
     assert "python_bug" not in recoverable.weights_by_fault() and recoverable.source == mix.source
     assert set(recoverable.weights_by_fault()) == set(FAULTS) - {"python_bug"}
+    local = load_mix("llama3_local_cluster")  # the acceptance run's on the one-machine cluster: no SDC either
+    assert local.excluded == ("python_bug", "nan") and sum(c.count for c in local.causes) == 357
+    assert set(local.weights_by_fault()) == {"gpu_xid", "gpu_ecc", "rank_hang", "preempt", "node_down"}
 
 
 def test_the_seed_alone_decides_the_stream():
