@@ -28,15 +28,14 @@ allocated): its cost, attributable to its classified cause.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_resilience.goodput.history import save_blocking
+from megatron_resilience.jobs.spans import PRODUCTIVE, Span, paint, pour
 
 BUCKETS = ("startup", "data_loading", "checkpoint_restore", "checkpoint_save", "wasted_progress",
            "failure_detection", "restart_inprocess", "restart_process", "restart_job", "eval", "other")
-PRODUCTIVE = "productive"
 QUEUE = "queue_wait"
 RESTART_BUCKET = {"inprocess": "restart_inprocess", "process": "restart_process", "job": "restart_job",
                   "preemption": "restart_job"}
@@ -45,20 +44,6 @@ PLANNED = ("preempted", "system_cancel")  # attempt endings that are interruptio
 MARK_BUCKETS = {"data": "data_loading", "checkpoint_load": "checkpoint_restore"}
 # priorities of fixed spans (higher wins where they overlap)
 _SAVE, _EVAL, _SETUP, _FAULT = 40, 30, 20, 10
-
-
-@dataclass
-class Span:
-    start: float
-    end: float
-    bucket: str
-    attempt: int | None = None  # None: queue wait between attempts
-    cycle: int | None = None
-    interruption: int | None = None
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
 
 
 @dataclass
@@ -166,81 +151,6 @@ def _cycles(mine: list[dict[str, Any]]) -> list[_Cycle]:
     return cycles
 
 
-# --- painting ----------------------------------------------------------------------------------------------------
-
-
-def _paint(start: float, end: float, items: list[tuple]) -> list[Span]:
-    """Tile [start, end] with the highest-priority item covering each instant; gaps get bucket None.
-
-    ``items``: (begin, finish, priority, bucket, cycle, interruption).
-    """
-    clipped = [(max(start, a), min(end, b), p, bucket, cyc, intr) for a, b, p, bucket, cyc, intr in items
-               if min(end, b) > max(start, a)]
-    points = sorted({start, end} | {x for it in clipped for x in it[:2]})
-    by_begin: dict[float, list[int]] = {}
-    for k, it in enumerate(clipped):
-        by_begin.setdefault(it[0], []).append(k)
-    heap: list[tuple[int, int]] = []
-    spans: list[Span] = []
-    for a, b in zip(points, points[1:]):
-        for k in by_begin.get(a, ()):
-            heapq.heappush(heap, (-clipped[k][2], k))
-        while heap and clipped[heap[0][1]][1] <= a:
-            heapq.heappop(heap)
-        top = clipped[heap[0][1]] if heap else None
-        bucket, cyc, intr = (top[3], top[4], top[5]) if top else (None, None, None)
-        if spans and spans[-1].bucket == bucket and spans[-1].cycle == cyc and spans[-1].interruption == intr \
-                and spans[-1].end == a:
-            spans[-1].end = b
-        else:
-            spans.append(Span(a, b, bucket, cycle=cyc, interruption=intr))
-    return spans
-
-
-def _pour(spans: list[Span], segments: list[tuple[float, float, float, float, int]]) -> list[Span]:
-    """Fill each segment's compute (productive, then wasted) into its free time, backwards from its end.
-
-    ``segments``: (begin, end, productive seconds, wasted seconds, cycle), in time order, disjoint.
-    """
-    out: list[Span] = []
-    queue = list(spans)
-    i = 0
-    for a, b, productive, wasted, cyc in segments:
-        while i < len(queue) and queue[i].end <= a:
-            out.append(queue[i])
-            i += 1
-        inside: list[Span] = []
-        while i < len(queue) and queue[i].start < b:
-            s = queue[i]
-            if s.start < a:
-                out.append(Span(s.start, a, s.bucket, cycle=s.cycle, interruption=s.interruption))
-                s = Span(a, s.end, s.bucket, cycle=s.cycle, interruption=s.interruption)
-            if s.end > b:
-                inside.append(Span(s.start, b, s.bucket, cycle=s.cycle, interruption=s.interruption))
-                queue[i] = Span(b, s.end, s.bucket, cycle=s.cycle, interruption=s.interruption)
-                break
-            inside.append(s)
-            i += 1
-        amounts = [[PRODUCTIVE, productive], ["wasted_progress", wasted]]
-        filled: list[Span] = []
-        for s in reversed(inside):
-            if s.bucket is not None:
-                filled.append(s)
-                continue
-            right = s.end
-            for entry in amounts:
-                take = min(entry[1], right - s.start)
-                if take > 0:
-                    filled.append(Span(right - take, right, entry[0], cycle=cyc))
-                    right -= take
-                    entry[1] -= take
-            if right > s.start:
-                filled.append(Span(s.start, right, None, cycle=s.cycle))
-        out.extend(reversed(filled))
-    out.extend(queue[i:])
-    return out
-
-
 # --- one attempt -------------------------------------------------------------------------------------------------
 
 
@@ -290,7 +200,7 @@ def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict
             items.append((w.start, w.end, _FAULT, RESTART_BUCKET[_kind_of_ending(w)], 0, None))
         else:
             items.append((w.start, w.end, _SETUP, "startup", 0, None))
-        return [_attach(s, w.index) for s in _paint(w.start, w.end, items)]
+        return [_attach(s, w.index) for s in paint(w.start, w.end, items)]
     floor = w.start
     for c in cycles:
         if c.inprocess and c.index > 0:
@@ -323,7 +233,7 @@ def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict
             floor = _fault(w, c, kind, cause, injections, rec, boundary, nxt, acc, items)
         elif not w.running and (w.failure or w.ending in PLANNED):
             _fault(w, c, _kind_of_ending(w), w.ending, injections, None, w.end, None, acc, items)
-    spans = _pour(_paint(w.start, w.end, items), segments)
+    spans = pour(paint(w.start, w.end, items), segments)
     for s in spans:
         if s.bucket is None:
             s.bucket = "other"
