@@ -12,6 +12,25 @@ from typing import Any
 MIN_FAILURES = 3  # interruptions seen before a run's own M replaces the user's estimate
 
 
+def read_jsonl(path: str | None) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (metrics, ledger), skipping a torn line; [] when there is none."""
+    import json
+    import os
+
+    if not path or not os.path.exists(path):
+        return []
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
 def save_blocking(rec: dict[str, Any]) -> float | None:
     """A checkpoint record's blocking seconds (``blocking_s``; older records: ``blocking_seconds``/``seconds``)."""
     for key in ("blocking_s", "blocking_seconds", "seconds"):

@@ -50,23 +50,6 @@ def _broadcast(value: Any) -> Any:
     return holder[0]
 
 
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
-    import json
-
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
-
-
 class AdaptiveInterval:
     """Rank 0 decides the interval in steps at restarts and after saves; every rank asks :meth:`due` each step."""
 
@@ -124,8 +107,8 @@ class AdaptiveInterval:
                          choice["tau_s"], choice["c_s"], choice["m_s"], choice["m_source"], choice["step_s"])
 
     def _choose(self, step: int, why: str) -> dict[str, Any] | None:
-        records = _read_jsonl(os.path.join(self.run_dir, METRICS_FILE))
-        ledger = _read_jsonl(os.path.join(self.run_dir, LEDGER_FILE))
+        records = history.read_jsonl(os.path.join(self.run_dir, METRICS_FILE))
+        ledger = history.read_jsonl(os.path.join(self.run_dir, LEDGER_FILE))
         saves = self._saves or history.periodic_save_seconds(records)[-KEEP:]
         per_step = self._per_step or [s / n for s, n in history.between_saves(records)][-KEEP:]
         if not per_step:
