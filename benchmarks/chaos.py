@@ -1,7 +1,7 @@
 """Goodput under a realistic failure stream: a chaos run per variant, each compared with Daly's E* for its own C, R, M.
 
-    python benchmarks/chaos.py [--variants off] [--intervals young_daly,short,long] [--mtbf 120s] [--seed 7]
-                               [--max-count 12] [--steps 4000] [--out DIR] [--json PATH]
+    python benchmarks/chaos.py [--variants off] [--intervals young_daly,short,long] [--mtbf 60s] [--seed 27]
+                               [--max-count 10] [--steps 1600] [--out DIR] [--json PATH]
 
 Each run is the real trainer submitted through NeMo-Run's ``SlurmExecutor`` to the repo's multi-node Slurm
 instance (``MR_SLURM_INSTANCE=multinode``: 2 nodes + 1 reserved node, started here when needed) with
@@ -187,14 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=27)
     p.add_argument("--max-count", type=int, default=10)
     p.add_argument("--mix", default="llama3_local_cluster")
-    p.add_argument("--mtbf", type=duration, default=100.0)
-    p.add_argument("--steps", type=int, default=3600)
-    p.add_argument("--step-delay", type=float, default=0.2, help="extra compute per step on rank 0 (s)")
+    p.add_argument("--mtbf", type=duration, default=60.0, help="mean training time between faults")
+    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--step-delay", type=float, default=0.1, help="extra compute per step on rank 0 (s): per-step "
+                   "overhead (logging, FT sections) small beside the step, as on a GPU")
     p.add_argument("--shape", nargs="*", default=[], help="model overrides (default gpt_tiny's)")
     p.add_argument("--optimum-steps", type=int, default=None, help="the optimum interval for short/long (default: "
                    "what the young_daly run recommends)")
     p.add_argument("--repair", type=duration, default=120.0)
-    p.add_argument("--job-minutes", type=int, default=45)
+    p.add_argument("--job-minutes", type=int, default=40)
     p.add_argument("--out", default=None, help="runs go here (default /tmp/mr-chaos-<time>)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
