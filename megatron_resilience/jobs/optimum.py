@@ -2,8 +2,9 @@
 
 - C: the median blocking time of the run's periodic saves (``checkpoint`` records, ``reason=interval``;
   any save when there is none);
-- R: the median allocated time from a failure to the first training step of the next cycle
-  (detection, restart, startup, checkpoint load; queue wait is not allocated and not counted);
+- R: the mean allocated time from an interruption to the first training step of the next cycle (detection,
+  restart, startup, checkpoint load; queue wait is not allocated and not counted): the mean, not the median,
+  because restart costs add up and on a loaded machine a few slow restarts are a real part of them;
 - M: allocated time / interruptions once the run has seen ``MIN_FAILURES``; until then the user's estimate
   (``checkpoint.expected_mtbf_hours``, from the trainer's ``checkpoint_interval`` records) when there is one,
   else the few seen. Every interruption counts, failures and preemptions alike: a scheduler's preemption or
@@ -67,7 +68,7 @@ def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
     out.failures = len(acc.interruptions)
     restarts = [i.restart_seconds for i in acc.interruptions if i.restart_seconds is not None]
     if restarts:
-        out.r = statistics.median(restarts)
+        out.r = statistics.fmean(restarts)
     estimate = _user_mtbf(records)
     if out.failures >= MIN_FAILURES or (out.failures and estimate is None):
         out.m = acc.allocated / out.failures
@@ -105,7 +106,8 @@ def format_optimum(o: Optimum, goodput: float) -> list[str]:
     def s(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}s" if v < 60 else f"{v / 60:.1f}min"
 
-    lines = [f"measured: C {s(o.c)} (median blocking save), R {s(o.r)} (failure -> first step of the next cycle), "
+    lines = [f"measured: C {s(o.c)} (median blocking save), R {s(o.r)} (mean: interruption -> first step of the "
+             f"next cycle), "
              f"M {s(o.m)}" + (f" ({o.m_source})" if o.m_source else "") +
              (f", tau {s(o.tau)} ({o.interval_steps} steps, {o.seconds_per_step:.3f}s/step)" if o.tau else "")]
     if o.e_star is None:

@@ -39,15 +39,22 @@ def parse_slurm_time(text: str | None) -> float | None:
         return None
 
 
-def slurm_runs(job_ids: set[str]) -> dict[tuple[str, int], dict[str, Any]]:
-    """(job, restart) -> Slurm's state, start and end of that run, when this machine has Slurm; {} otherwise."""
+def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, Any]]:
+    """(job, restart) -> Slurm's state, start and end of that run, when this machine has Slurm; {} otherwise.
+
+    ``names``: the job name the ledger knows for a job id; a job of another name (the same id on another
+    cluster: ``SLURM_CONF`` points elsewhere) is not this run's and is ignored."""
     from megatron_resilience.jobs.slurm import sacct_runs
 
     if not shutil.which("sacct"):
         return {}
     out = {}
     for job in job_ids:
-        for restart, run in enumerate(sacct_runs(job)):
+        runs = sacct_runs(job)
+        expected = (names or {}).get(job)
+        if expected and runs and runs[0].get("JobName") not in (None, "", expected):
+            continue
+        for restart, run in enumerate(runs):
             out[(job, restart)] = {"state": run["State"].split()[0], "start": parse_slurm_time(run.get("Start")),
                                    "end": parse_slurm_time(run.get("End"))}
     return out
@@ -101,7 +108,8 @@ def ledger_windows(ledger: Ledger, records: list[dict[str, Any]], *, slurm_looku
     attempts = ledger.attempts()
     starts = {(str(s.get("job_id")), int(s.get("slurm_restart") or 0)): s for s in ledger.records("attempt_start")}
     recorded = {(str(a.get("job_id")), int(a.get("slurm_restart") or 0)) for a in attempts}
-    runs = slurm_runs({k[0] for k in starts} | {k[0] for k in recorded}) if slurm_lookup else {}
+    names = {str(s.get("job_id")): str(s["job_name"]) for s in ledger.records("attempt_start") if s.get("job_name")}
+    runs = slurm_runs({k[0] for k in starts} | {k[0] for k in recorded}, names) if slurm_lookup else {}
     last_record = _last_record_by_attempt(records)
     chain_ended = ledger.final() is not None
     now = time.time() if now is None else now
