@@ -261,3 +261,35 @@ def test_daly_rejects_what_it_cannot_use():
         with pytest.raises(ValueError, match="must be a finite number > 0"):
             daly.daly_interval(c, m)
     assert daly.daly_interval(100, 40) == 40  # C >= 2M: checkpoint every M
+
+
+def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(tmp_path, monkeypatch):
+    """With Slurm's record, a window is sacct's Start -> End (whole seconds; the trainer's last record may lie up to
+    1 s past End); a job of another name under the same id (SLURM_CONF pointing at another cluster) is ignored."""
+    import time
+
+    from megatron_resilience.jobs import slurm
+
+    run_dir = preempted_chain(tmp_path)
+    with open(run_dir / "job_ledger.jsonl") as f:
+        lines = [json.loads(x) for x in f]
+    for rec in lines:
+        if rec["kind"] == "attempt_start":
+            rec["job_name"] = "acct-bench.gpt"
+    write_jsonl(run_dir / "job_ledger.jsonl", lines)
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(T0 + t))
+
+    job = "acct-bench.gpt"
+    runs = {job: [{"State": "REQUEUED", "Start": stamp(-2), "End": stamp(21), "JobName": job},
+                  {"State": "COMPLETED", "Start": stamp(31), "End": stamp(40), "JobName": job}]}
+    name = ["acct-bench.gpt"]
+    monkeypatch.setattr(slurm, "sacct_runs", lambda job: runs.get(name[0], [{"JobName": name[0]}]))
+    run = report.build(str(run_dir))
+    assert [(w.start - T0, w.end - T0) for w in run.windows] == [(-2, 21), (31, pytest.approx(41.0))]
+    assert [r.state for r in run.rows] == ["REQUEUED", "COMPLETED"]  # the trainer's end (41.0) is within End + 1 s
+    assert_tiles(run.accounting)
+    name[0] = "someone-else"  # sacct answers for another cluster's job 100
+    run = report.build(str(run_dir))
+    assert [(w.start - T0, w.end - T0) for w in run.windows] == [(0, 20), (32, 50)]  # the ledger's times

@@ -124,7 +124,7 @@ def ledger_windows(ledger: Ledger, records: list[dict[str, Any]], *, slurm_looku
         if run.get("end"):
             # Slurm's End has whole seconds: the trainer's last record may lie up to 1 s after it. Records later
             # than that (a rank still writing on a node Slurm declared failed) are outside the allocation.
-            end = max(float(run["end"]), min(last_record.get(key, 0.0), float(run["end"]) + 0.999))
+            end = max(float(run["end"]), min(last_record.get(key, 0.0), float(run["end"]) + 1.0))
         else:
             end = now if a.get("_running") else (a.get("end") if a.get("end") is not None else a.get("time"))
             end = max(float(end or begin), last_record.get(key, 0.0))
