@@ -32,7 +32,7 @@ def write_timeline(report: RunReport, path: str) -> str:
     spans = report.accounting.spans
     lanes = sorted({s.attempt for s in spans if s.attempt is not None})
     t0 = min((s.start for s in spans), default=0.0)
-    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.6 * max(1, len(lanes))), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 2.4 + 0.6 * max(1, len(lanes))), dpi=110)
     y_of = {a: len(lanes) - 1 - k for k, a in enumerate(lanes)}
     for s in spans:
         if s.bucket == QUEUE:
@@ -54,11 +54,11 @@ def write_timeline(report: RunReport, path: str) -> str:
             f"{acc.allocated:.0f} s allocated"
     if report.optimum.ratio is not None:
         title += f" = {report.optimum.ratio:.2f} x E* ({100 * report.optimum.e_star:.1f}%)"
-    ax.set_title(title, fontsize=10, pad=34)
+    ax.set_title(title, fontsize=10, pad=30)
     used = [b for b in COLORS if any(s.bucket == b for s in spans)]
     handles = [Patch(color=COLORS[b], label=b.replace("_", " ")) for b in used]
-    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(7, len(handles)),
-              frameon=False)
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+              ncol=min(7, len(handles)), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
