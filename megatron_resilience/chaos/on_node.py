@@ -4,7 +4,8 @@
 
 Finds the job's rank processes on this node (``/proc/*/environ``: ``SLURM_JOB_ID`` is the job's,
 ``SLURMD_NODENAME`` this node, and ``RANK`` set by torchrun/ft_launcher or ``SLURM_PROCID`` for a rank
-srun started; a forked child of a rank, e.g. an async checkpoint writer, is not a rank), picks one with
+srun started; a forked child of a rank, e.g. an async checkpoint writer, is not a rank; a child of the
+launcher is preferred, and of several with one rank the newest: the worker group may have restarted), picks one with
 the seed (or ``--rank``), writes the fault's lines to its stderr (``/proc/PID/fd/2``: where the rank's
 own output goes) and sends it the fault's signal. Prints one JSON line: what it did, to whom, when.
 """
@@ -21,6 +22,9 @@ import sys
 import time
 
 from megatron_resilience.chaos.faults import fault
+
+# Parents a rank process has: torchrun / ft_launcher (torchelastic agents), or slurmstepd for a rank srun started.
+LAUNCHERS = ("ft_launcher", "torchrun", "torch.distributed.run", "slurmstepd")
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -48,6 +52,15 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _started(pid: int) -> int:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def rank_processes(job: str, node: str | None) -> list[dict[str, object]]:
     """The job's rank processes on this node: [{pid, rank}], by rank. Workers of a launcher (``RANK`` set) when
     there are any, else python processes srun started itself (``SLURM_PROCID``)."""
@@ -67,8 +80,15 @@ def rank_processes(job: str, node: str | None) -> list[dict[str, object]]:
         elif env.get("SLURM_PROCID", "").isdigit() and "python" in _cmdline(int(entry)):
             tasks[int(entry)] = {"pid": int(entry), "rank": int(env["SLURM_PROCID"])}
     found = workers or tasks
+    for pid, p in found.items():
+        p["parent"] = _cmdline(_parent(pid) or 0)[:80]
     ranks = [p for pid, p in found.items() if _parent(pid) not in found]  # not a forked child of a rank
-    return sorted(ranks, key=lambda p: (p["rank"], p["pid"]))
+    launched = [p for p in ranks if any(name in str(p["parent"]) for name in LAUNCHERS)]
+    ranks = launched or ranks  # the launcher's (or slurmstepd's) own children: not a stray with a rank's env
+    newest: dict[int, dict[str, object]] = {}
+    for p in sorted(ranks, key=lambda p: _started(p["pid"])):
+        newest[p["rank"]] = p  # one process per rank: the newest (the worker group restarted since)
+    return sorted(newest.values(), key=lambda p: (p["rank"], p["pid"]))
 
 
 def inject(job: str, kind: str, *, node: str | None, seed: int, rank: int | None = None) -> dict[str, object]:
@@ -93,7 +113,7 @@ def inject(job: str, kind: str, *, node: str | None, seed: int, rank: int | None
     when = time.time()
     os.kill(pid, getattr(signal, spec.signal))
     return {"ok": True, "pid": pid, "rank": target["rank"], "node": host, "time": when, "signal": spec.signal,
-            "lines": lines, "ranks_on_node": len(ranks)}
+            "lines": lines, "ranks_on_node": len(ranks), "parent": target.get("parent")}
 
 
 def main(argv: list[str] | None = None) -> int:
