@@ -26,7 +26,7 @@ from megatron_resilience.jobs.report_inputs import parse_slurm_time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 MIX = os.path.join(HERE, "chaos_short_mix.yaml")
-MTBF, STEPS = 4, 300
+MTBF, STEPS = 3, 200
 
 
 def seed_with_one_of_each() -> int:
