@@ -26,7 +26,7 @@ from megatron_resilience.jobs.report_inputs import parse_slurm_time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 MIX = os.path.join(HERE, "chaos_short_mix.yaml")
-MTBF, STEPS = 3, 200
+MTBF, STEPS = 3, 250
 
 
 def seed_with_one_of_each() -> int:
@@ -43,7 +43,7 @@ def short(multinode_cluster, slurm_cluster, slurm_tmp):
     env.pop("NEMORUN_HOME", None)  # the benchmark keeps its own under --out
     proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), "--intervals", "young_daly",
                            "--mix", MIX, "--seed", str(seed_with_one_of_each()), "--mtbf", str(MTBF),
-                           "--max-count", "3", "--steps", str(STEPS), "--step-delay", "0", "--repair", "20",
+                           "--max-count", "3", "--steps", str(STEPS), "--step-delay", "0.05", "--repair", "20",
                            "--job-minutes", "15", "--out", out, "--json", path],
                           env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
