@@ -293,3 +293,31 @@ def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(t
     name[0] = "someone-else"  # sacct answers for another cluster's job 100
     run = report.build(str(run_dir))
     assert [(w.start - T0, w.end - T0) for w in run.windows] == [(0, 20), (32, 50)]  # the ledger's times
+
+
+def test_the_optimum_from_the_runs_own_c_r_m_and_tau():
+    """C: median periodic save; R: mean restart (fault -> first step of the next cycle); M: the user's estimate
+    until 3 interruptions; tau and s/step from consecutive periodic saves; E*, goodput / E*, regret, the interval."""
+    from megatron_resilience.jobs.optimum import format_optimum, measure
+
+    records = HANG_RUN[:1] + steps(1, 4, at=19, every=2, step_time=1.5) + [save(4, 25.0, 0.4)] + \
+        steps(5, 6, at=27, every=2, step_time=1.5) + [save(6, 29.2, 0.6), {"kind": "checkpoint_interval",
+                                                                            "expected_mtbf_s": 600.0,
+                                                                            "time": T0 + 29.8}] + HANG_RUN[9:]
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 60, cycle_endings={0: "hang"},
+                                 detections=[T0 + 36.0])], records, [{"time": T0 + 31.0, "fault": "rank_hang"}])
+    o = measure(acc, records)
+    assert (o.c, o.failures, o.m, o.m_source) == (0.5, 1, 600.0, "the user's estimate (checkpoint.expected_mtbf_hours; "
+                                                               "1 interruption(s) seen)")
+    assert o.r == pytest.approx(15.5)  # the fault (31) -> step 5's re-run (46.5)
+    # between the saves at steps 4 and 6: 29.2 - 25.0 - 0.4 = 3.8 s of compute for 2 steps
+    assert (o.tau, o.interval_steps, o.seconds_per_step) == (pytest.approx(3.8), 2, pytest.approx(1.9))
+    best = daly.optimum(0.5, 15.5, 600.0)
+    assert (o.tau_daly, o.e_star) == (pytest.approx(best.tau_daly), pytest.approx(best.e_star))
+    assert o.ratio == pytest.approx(acc.goodput / best.e_star)
+    assert o.regret == pytest.approx(best.e_star - best.efficiency(3.8))
+    assert o.recommended_steps == round(best.tau_daly / 1.9) == 13  # Daly: 24.16 s at 1.9 s/step
+    lines = format_optimum(o, acc.goodput)
+    assert lines[2] == (f"interval used: tau 3.80s expects {100 * best.efficiency(3.8):.1f}% (regret "
+                        f"{100 * o.regret:.1f} points of goodput vs the optimum)")
+    assert lines[3].startswith("recommended: checkpoint.save_interval=13 (Daly's 24.16s at 1.900s/step)")
