@@ -63,6 +63,29 @@ def between_saves(records: list[dict[str, Any]]) -> list[tuple[float, int]]:
     return out
 
 
+def wall_seconds_per_step(records: list[dict[str, Any]]) -> float | None:
+    """The median wall time between the ``train`` records of consecutive steps of one cycle (log_interval 1)."""
+    import statistics
+
+    gaps, previous = [], None
+    for rec in records:
+        if rec.get("kind") == "start":
+            previous = None
+        elif rec.get("kind") == "train" and isinstance(rec.get("step"), int) and rec.get("time") is not None:
+            if previous is not None and rec["step"] == previous[0] + 1:
+                gaps.append(float(rec["time"]) - previous[1])
+            previous = (rec["step"], float(rec["time"]))
+    return statistics.median(gaps) if gaps else None
+
+
+def save_spacing(records: list[dict[str, Any]]) -> int | None:
+    """The steps between periodic saves (a fixed interval: the smallest gap between their distinct steps)."""
+    steps = sorted({int(r["step"]) for r in records if r.get("kind") == "checkpoint" and r.get("reason") == "interval"
+                    and isinstance(r.get("step"), int)})
+    gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    return min(gaps) if gaps else (steps[0] if len(steps) == 1 else None)
+
+
 def _failed_cycles(records: list[dict[str, Any]], *, new_cycle: bool = False) -> list[tuple[float, float]]:
     """(start, end) of trainer cycles that were interrupted, i.e. did not finish (``end`` record with reason
     ``finished``) and were followed by another start: killed, hung, crashed, exited with an error, or stopped on

@@ -12,7 +12,9 @@
   interruptions), and it costs a restart too (a planned stop at a time limit counts as well: it cannot be told
   apart);
 - tau: the median compute time between two periodic saves of one cycle (the wall time between their
-  requests minus the earlier one's stall), and the steps between them (so seconds per step).
+  requests minus the earlier one's stall), and the steps between them (so seconds per step); when no
+  cycle lived through two periodic saves (an interval longer than the time between faults), the spacing
+  of the periodic saves' steps x the median wall time per step.
 
 E* is Daly's expected efficiency at his optimum interval for (C, R, M); the report prints the run's
 goodput / E*, the regret of the interval used (E* - E(tau)), and the ``checkpoint.save_interval`` in
@@ -26,7 +28,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from megatron_resilience.goodput import daly
-from megatron_resilience.goodput.history import MIN_FAILURES, between_saves, periodic_save_seconds
+from megatron_resilience.goodput.history import (
+    MIN_FAILURES,
+    between_saves,
+    periodic_save_seconds,
+    save_spacing,
+    wall_seconds_per_step,
+)
 from megatron_resilience.jobs.accounting import Accounting
 
 
@@ -83,6 +91,12 @@ def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
         out.tau = statistics.median(s for s, _ in between)
         out.seconds_per_step = statistics.median(s / n for s, n in between)
         out.interval_steps = int(statistics.median(n for _, n in between))
+    else:  # no cycle lived through two periodic saves (a long interval): their spacing x the wall time per step
+        spacing, per_step = save_spacing(records), wall_seconds_per_step(records)
+        if per_step:
+            out.seconds_per_step = per_step
+            if spacing:
+                out.interval_steps, out.tau = spacing, spacing * per_step
     missing = [name for name, value in (("C (no checkpoint records)", out.c),
                                         ("M (no interruption and no estimate)", out.m)) if value is None]
     if missing:
