@@ -321,3 +321,15 @@ def test_the_optimum_from_the_runs_own_c_r_m_and_tau():
     assert lines[2] == (f"interval used: tau 3.80s expects {100 * best.efficiency(3.8):.1f}% (regret "
                         f"{100 * o.regret:.1f} points of goodput vs the optimum)")
     assert lines[3].startswith("recommended: checkpoint.save_interval=13 (Daly's 24.16s at 1.900s/step)")
+
+
+def test_tau_of_an_interval_longer_than_the_time_between_faults():
+    """No cycle saw two periodic saves: tau is the saves' step spacing x the median wall time per step."""
+    from megatron_resilience.jobs.optimum import measure
+
+    records = [start(0), *steps(1, 5, at=2, every=2.0, step_time=1.5), save(4, 9.0, 0.4),
+               start(20, step=4, resumed_from=4, in_job=1), *steps(5, 9, at=22, every=2.0, step_time=1.5),
+               save(8, 29.5, 0.4)]
+    o = measure(account([AttemptWindow(index=0, start=T0, end=T0 + 40, cycle_endings={0: "hang"})], records),
+                records)
+    assert (o.interval_steps, o.seconds_per_step, o.tau) == (4, 2.0, 8.0)
