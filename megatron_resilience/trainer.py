@@ -200,9 +200,10 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
                        micro_batch_size=config.train.micro_batch_size)
     layout = reshard.layout(world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp, global_batch_size=gbs,
                             micro_batch_size=config.train.micro_batch_size)
-    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, resume_check=functools.partial(
-        reshard.check_resume, current=layout, global_batch_explicit=config.train.global_batch_size is not None,
-        announce=dist.rank == 0))
+    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps,
+                                    resume_check=functools.partial(
+                                        reshard.check_resume, current=layout, announce=dist.rank == 0,
+                                        global_batch_explicit=config.train.global_batch_size is not None))
     resumed = checkpoints.load_latest(state)
     timeline.mark("checkpoint_load")
     attempt = attempt_info()

@@ -48,6 +48,7 @@ class JobLevelConfig:
     max_log_bytes: int = 8 << 20
     finished_grace_seconds: float = 300.0  # watcher: finished but still running after this -> scancel
     inactivity_threshold: float | None = None  # watcher: no log/metrics progress for this long (FT off) -> stall
+    preempt_time: int | None = None  # seconds between Slurm's preemption signal and its kill (--signal=SIG@N)
     # FaultTolerancePlugin.min_nodes: a requeued attempt asks for the nodes the partition can give, from min_nodes
     # up to nodes (the job's full size); ntasks_per_node: srun tasks per node (NumTasks follows NumNodes).
     min_nodes: int | None = None
