@@ -116,7 +116,10 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
     nemo_run's fixed node count, evaluated when the step starts (e.g. ``1:$SLURM_JOB_NUM_NODES``: an attempt
     resized by the job-level decision runs on the nodes it got). ``keep_survivors``: srun's
     ``--kill-on-bad-exit=0 --wait=0`` instead of nemo_run's ``=1`` / ``=60``, so a node whose agent died does
-    not take the surviving agents down with it (they re-form the group at the smaller size).
+    not take the surviving agents down with it (they re-form the group at the smaller size). With ``nnodes`` the
+    step also gets ``--ntasks=$SLURM_JOB_NUM_NODES``: after ``scontrol update NumNodes=1 NumTasks=1`` on a
+    requeued 2-node job, Slurm 22.05 still starts the step with the submitted task count (measured on the local
+    cluster: two agents on the one node, ``sacct`` NTasks 2, the second waiting in the rendezvous as a spare).
     """
     if nnodes is None and not keep_survivors:
         return (
@@ -143,6 +146,9 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
                      "(FaultTolerancePlugin.min_nodes)")
     if keep_survivors:
         lines.append("# - srun --kill-on-bad-exit=0 --wait=0: a lost node's agent does not end the surviving agents")
+    if nnodes is not None:
+        lines.append("# - srun --ntasks=$SLURM_JOB_NUM_NODES: one ft_launcher per node of this attempt (a resized "
+                     "job's step would inherit the submitted task count: two agents on one node)")
     lines += [
         f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})",
         "srun() {",
@@ -168,7 +174,8 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
         "            added=1",
         "        fi",
         "    done",
-        '    command srun "${args[@]}"',
+        '    command srun --ntasks="$SLURM_JOB_NUM_NODES" "${args[@]}"' if nnodes is not None
+        else '    command srun "${args[@]}"',
         "}",
     ]
     return "\n".join(lines)

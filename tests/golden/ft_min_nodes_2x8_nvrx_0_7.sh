@@ -53,6 +53,7 @@ MEGATRON_RESILIENCE_FT_CFG
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher flags >>>
 # The job step's srun command, rewritten where nemo_run has no field (other srun calls run as they are):
 # - ft_launcher --nnodes: the node range, up to the nodes this attempt was given (FaultTolerancePlugin.min_nodes)
+# - srun --ntasks=$SLURM_JOB_NUM_NODES: one ft_launcher per node of this attempt (a resized job's step would inherit the submitted task count: two agents on one node)
 megatron_resilience_ft_launcher_flags=()
 srun() {
     local args=() arg added=0 nnodes_next=0
@@ -71,7 +72,7 @@ srun() {
             added=1
         fi
     done
-    command srun "${args[@]}"
+    command srun --ntasks="$SLURM_JOB_NUM_NODES" "${args[@]}"
 }
 # <<< megatron_resilience FaultTolerancePlugin ft_launcher flags <<<
 # >>> megatron_resilience job-level decision >>>

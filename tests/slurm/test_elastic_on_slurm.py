@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -166,6 +167,9 @@ def _check(job, cluster, second_nodes: list[str]) -> None:
     assert (a1["node_count"]["nodes"], a1["node_count"]["was"]) == (2, 1), json.dumps(a1)
     assert (a2["classification"]["error_type"], a2["world_size"], a2["dp"], len(a2["nodes"])) == \
         ("finished", 2, 2, 2), json.dumps(a2)
+    # One ft_launcher per node of each attempt: the resized 1-node attempt ran one agent, not the submitted two.
+    launchers = [len(set(re.findall(r"\[ft_launcher(\d+)@", job.attempt_log(i)))) for i in range(3)]
+    assert launchers == [2, 1, 2], launchers
     resizes = [(o["action"], o["ok"]) for o in ledger.records("outcome") if o.get("action") == "resize"]
     assert resizes == [("resize", True), ("resize", True)], ledger.records("outcome")
 
