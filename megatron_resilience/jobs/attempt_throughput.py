@@ -53,7 +53,9 @@ def format_rows(table: list[dict[str, Any]]) -> str:
                       f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-",
                       f"{100 * r['vs_full_size']:.0f}%" if r["vs_full_size"] else "-"))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    body = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in lines]
+    # Indented under its title like the report's other sub-lines: a row never reads as a row of the attempts
+    # table above (whose rows start with the attempt number).
+    body = ["  " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in lines]
     return "\n".join(["throughput per attempt (median tokens/s of its steps; running small costs goodput):", *body])
 
 

@@ -167,6 +167,8 @@ def _check(job, cluster, second_nodes: list[str]) -> None:
     assert (a1["node_count"]["nodes"], a1["node_count"]["was"]) == (2, 1), json.dumps(a1)
     assert (a2["classification"]["error_type"], a2["world_size"], a2["dp"], len(a2["nodes"])) == \
         ("finished", 2, 2, 2), json.dumps(a2)
+    # No in-job restart happened: each attempt is one cycle (two agents' logs in one step log are not two cycles).
+    assert [len(a["cycles"]) for a in (a0, a1, a2)] == [1, 1, 1], [a["cycles"] for a in (a0, a1, a2)]
     # One ft_launcher per node of each attempt: the resized 1-node attempt ran one agent, not the submitted two.
     launchers = [len(set(re.findall(r"\[ft_launcher(\d+)@", job.attempt_log(i)))) for i in range(3)]
     assert launchers == [2, 1, 2], launchers
