@@ -31,8 +31,8 @@ lint: $(STAMP)
 TEST_WORKERS ?= 3
 test: lint
 	@scripts/slurm/start.sh >/dev/null 2>&1 || echo "scripts/slurm/start.sh failed; the Slurm tests will say why"
-	@$(PY) -m pytest tests/slurm $(PYTEST_ARGS) > .pytest-slurm.log 2>&1 & slurm=$$!; \
-	$(PY) -m pytest --ignore=tests/slurm -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rest=$$?; \
+	@$(PY) -m pytest tests/slurm --durations=12 $(PYTEST_ARGS) > .pytest-slurm.log 2>&1 & slurm=$$!; \
+	$(PY) -m pytest --ignore=tests/slurm -n $(TEST_WORKERS) --dist loadfile --durations=12 $(PYTEST_ARGS); rest=$$?; \
 	wait $$slurm; slurm_rc=$$?; \
 	echo "=== tests/slurm (run alongside) ==="; cat .pytest-slurm.log; \
 	echo "pytest exit codes: tests/slurm=$$slurm_rc, the rest=$$rest"; \
