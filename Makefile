@@ -24,19 +24,26 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# The Slurm tests (tests/slurm/) mostly wait on the scheduler: they run in a second pytest next to the rest
-# (their output follows when both are done). The cluster is started once first, so the two never race on it.
-# The rest runs in TEST_WORKERS pytest-xdist workers, a whole module per worker (module fixtures launch their
-# process groups together): most of a test's time is spent waiting on launchers, timeouts and restarts.
+# The Slurm tests (tests/slurm/) mostly wait on the scheduler: they run next to the rest, in two pytest processes
+# of their own, one per cluster instance: SLURM_MULTINODE_TESTS on the multi-node instance (nodes set DOWN, jobs
+# across nodes), the others on the single-node cluster. The single-node cluster is started once first, so no two
+# race on it. Their output follows when all are done. The rest runs in TEST_WORKERS pytest-xdist workers, a whole
+# module per worker (module fixtures launch their process groups together): most of a test's time is spent
+# waiting on launchers, timeouts and restarts.
 TEST_WORKERS ?= 3
+SLURM_MULTINODE_TESTS ?= tests/slurm/test_chaos_on_slurm.py tests/slurm/test_multinode_on_slurm.py \
+	tests/slurm/test_joblevel_on_slurm.py
 test: lint
 	@scripts/slurm/start.sh >/dev/null 2>&1 || echo "scripts/slurm/start.sh failed; the Slurm tests will say why"
-	@$(PY) -m pytest tests/slurm $(PYTEST_ARGS) > .pytest-slurm.log 2>&1 & slurm=$$!; \
-	$(PY) -m pytest --ignore=tests/slurm -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rest=$$?; \
-	wait $$slurm; slurm_rc=$$?; \
-	echo "=== tests/slurm (run alongside) ==="; cat .pytest-slurm.log; \
-	echo "pytest exit codes: tests/slurm=$$slurm_rc, the rest=$$rest"; \
-	test $$rest = 0 && test $$slurm_rc = 0
+	@$(PY) -m pytest $(SLURM_MULTINODE_TESTS) --durations=8 $(PYTEST_ARGS) > .pytest-slurm-multinode.log 2>&1 & multi=$$!; \
+	$(PY) -m pytest tests/slurm $(addprefix --ignore=,$(SLURM_MULTINODE_TESTS)) --durations=8 $(PYTEST_ARGS) \
+		> .pytest-slurm.log 2>&1 & slurm=$$!; \
+	$(PY) -m pytest --ignore=tests/slurm -n $(TEST_WORKERS) --dist loadfile --durations=12 $(PYTEST_ARGS); rest=$$?; \
+	wait $$slurm; slurm_rc=$$?; wait $$multi; multi_rc=$$?; \
+	echo "=== tests/slurm, single-node cluster (run alongside) ==="; cat .pytest-slurm.log; \
+	echo "=== tests/slurm, multi-node instance (run alongside) ==="; cat .pytest-slurm-multinode.log; \
+	echo "pytest exit codes: tests/slurm=$$slurm_rc, tests/slurm multi-node=$$multi_rc, the rest=$$rest"; \
+	test $$rest = 0 && test $$slurm_rc = 0 && test $$multi_rc = 0
 
 # The second lane: the newest megatron-core / nvidia-resiliency-ext (scripts/newest/pins.txt) first on PYTHONPATH,
 # for the tests that touch them: trainer (DP/TP/PP), checkpoints and exact resume, preemption and async saves,
@@ -52,7 +59,7 @@ NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py 
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)
-	PYTHONPATH=$(CURDIR)/$(NEWEST) $(PY) -m pytest $(NEWEST_TESTS) $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR)/$(NEWEST) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=8 $(NEWEST_TESTS) $(PYTEST_ARGS)
 
 # The peers' own code for the compatibility tests (tests/peers.py runs it too when .venv-peers is missing).
 peers: $(STAMP)

@@ -148,6 +148,9 @@ def run_to_end(run_dir: Path, overrides: list[str], *, timeout: float, **kwargs)
     restarts before anything was injected, and a fault that fires only on a first attempt never fires. That is
     this machine's crowding, not the behaviour under test, so it gets one fresh launch; the first is kept aside.
     """
+    if (run_dir / "launcher.log").exists():  # setting it aside would lose the earlier launch's state
+        raise ValueError(f"run_to_end: {run_dir} holds an earlier launch; a scenario of several launches on one "
+                         "run_dir replays as a whole: use launch() under @once_more_on_port_clash")
     run = launch(run_dir, overrides, **kwargs)
     run.wait(timeout)
     if PORT_CLASH in run.log():

@@ -210,7 +210,7 @@ def test_watcher_killed_between_deciding_and_submitting_leaves_exactly_one_live_
     js, s = jobs["jobs"], jobs["scenario"]
     job, ref = js["watched"], js["ref"]
     assert (s["first"]["JobState"], s["first"]["ExitCode"]) == ("FAILED", "0:9"), job.describe()
-    assert max(s["counts"]) == 1 and s["counts"][-1] == 0, s["counts"]
+    assert max(s["counts"]) == 1 and s["counts"][-1] == 0, (s["counts"], s["seen"])
     assert s["last"]["JobState"] == "COMPLETED", s
     assert s["w3"].returncode == 0, s["w3"].stdout + s["w3"].stderr
     [attempt_a, attempt_b] = ledger(job, "attempt")

@@ -36,8 +36,12 @@ def steps(job_id: str) -> list[str]:
 
 
 def live_jobs(name: str) -> list[str]:
-    out = subprocess.run(["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=60)
-    return out.stdout.split()
+    """The run's jobs that are pending or running, as ``id:state``. A job that is COMPLETING (``CG``: its processes
+    are gone, Slurm still runs the epilog and frees the node) is not live: it trains nothing and can overlap its
+    successor's start for a few seconds on a loaded machine."""
+    out = subprocess.run(["squeue", "--me", "-h", "-n", name, "-o", "%i:%t"], capture_output=True, text=True,
+                         timeout=60)
+    return [j for j in out.stdout.split() if not j.endswith(":CG")]
 
 
 class Watcher:
@@ -72,11 +76,15 @@ def watcher_scenario(job: Job, cluster, tmp: str, *, first_checkpoint: int) -> d
     finishes the chain. Returns what happened; a thread counts the run's live jobs throughout."""
     name = job.info()["JobName"]
     counts: list[int] = []
+    seen: list[list[str]] = []  # the live jobs whenever more than one was seen: the failure message shows them
     stop = threading.Event()
 
     def count() -> None:
         while not stop.is_set():
-            counts.append(len(live_jobs(name)))
+            live = live_jobs(name)
+            counts.append(len(live))
+            if len(live) > 1:
+                seen.append(live)
             time.sleep(0.5)
 
     wait_until(lambda: first_checkpoint in job.checkpoint_steps(), timeout=900, interval=0.2,
@@ -105,5 +113,5 @@ def watcher_scenario(job: Job, cluster, tmp: str, *, first_checkpoint: int) -> d
     finally:
         stop.set()
         counter.join(timeout=30)
-    return {"first": first, "second": second, "last": last, "counts": counts, "w3": w3,
+    return {"first": first, "second": second, "last": last, "counts": counts, "seen": seen, "w3": w3,
             "logs": [open(os.path.join(tmp, f"watch{i}.log")).read() for i in (1, 2)]}
