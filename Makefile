@@ -32,7 +32,7 @@ lint: $(STAMP)
 # waiting on launchers, timeouts and restarts.
 TEST_WORKERS ?= 3
 SLURM_MULTINODE_TESTS ?= tests/slurm/test_chaos_on_slurm.py tests/slurm/test_multinode_on_slurm.py \
-	tests/slurm/test_joblevel_on_slurm.py
+	tests/slurm/test_joblevel_on_slurm.py tests/slurm/test_elastic_on_slurm.py
 test: lint
 	@scripts/slurm/start.sh >/dev/null 2>&1 || echo "scripts/slurm/start.sh failed; the Slurm tests will say why"
 	@$(PY) -m pytest $(SLURM_MULTINODE_TESTS) --durations=8 $(PYTEST_ARGS) > .pytest-slurm-multinode.log 2>&1 & multi=$$!; \
@@ -54,7 +54,8 @@ NEWEST := .venv-newest
 NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py tests/test_checkpoint_resume.py \
 	tests/test_checkpoint_preemption.py tests/test_preemption_units.py tests/test_rerun_resume.py \
 	tests/test_resilience_units.py tests/test_resilience_faults.py tests/test_runtime_parallel.py tests/test_runtime_units.py \
-	tests/test_plugins_golden.py tests/slurm/test_preemption_on_slurm.py
+	tests/test_plugins_golden.py tests/slurm/test_preemption_on_slurm.py tests/test_elastic_reshard.py tests/test_cloud_notice.py \
+	tests/test_checkpoint_best.py
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)

@@ -13,6 +13,7 @@ checkpoint load and the data position; then ``hooks.after_setup``, the loop,
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.dashboards import check_installed
 from megatron_resilience.resilience import build_hooks
+from megatron_resilience.resilience.cloud_notice import start_poller
 from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
@@ -92,6 +94,11 @@ def run_pretraining(config: PretrainConfig) -> None:
     if signals is not None and rank == 0:
         log.info("preemption: %s handler installed at process start (pid %d): a signal during setup exits 0 at "
                  "once, later ones stop the run with a checkpoint", config.train.exit_signal, os.getpid())
+    notices = None
+    if config.train.preemption_notice is not None and signals is not None:
+        t = config.train
+        notices = start_poller(provider=t.preemption_notice, interval=t.preemption_notice_interval,
+                               url=t.preemption_notice_url, handler=signals, local_rank=launch.local_rank, rank=rank)
     hooks = build_hooks(config, rank=rank, world_size=world_size)
     exit_code = None
     try:
@@ -101,6 +108,8 @@ def run_pretraining(config: PretrainConfig) -> None:
         from megatron_resilience.runtime.loop import train
 
         reason, exit_code, at_stop = train(ctx)
+        if notices is not None:
+            notices.stop()  # training is over: a notice from now on has nothing to stop
         ctx.metrics.event("end", step=ctx.state.step, reason=reason, exit_code=exit_code or 0)
         hooks.on_exit(ctx.state, reason, checkpoint_step=ctx.checkpoints.latest_step, checkpoint_at_stop=at_stop)
         if rank == 0:
@@ -117,6 +126,8 @@ def run_pretraining(config: PretrainConfig) -> None:
                     "the worker group", rank, type(err).__name__, why)
         raise SystemExit(1) from None
     finally:
+        if notices is not None:
+            notices.stop()
         _teardown()
     if exit_code is not None:
         sys.exit(exit_code)
@@ -155,7 +166,7 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     from megatron.core import parallel_state
 
     from megatron_resilience import dashboards
-    from megatron_resilience.runtime import data
+    from megatron_resilience.runtime import data, reshard
     from megatron_resilience.runtime.checkpoint import CheckpointManager
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
     from megatron_resilience.runtime.loop import TrainContext
@@ -185,8 +196,14 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     num_microbatches = gbs // (config.train.micro_batch_size * dist.dp)
     datasets = data.build_datasets(config, global_batch_size=gbs)
     timeline.mark("data")
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler)
-    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps)
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, global_batch_size=gbs,
+                       micro_batch_size=config.train.micro_batch_size)
+    layout = reshard.layout(world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp, global_batch_size=gbs,
+                            micro_batch_size=config.train.micro_batch_size)
+    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps,
+                                    resume_check=functools.partial(
+                                        reshard.check_resume, current=layout, announce=dist.rank == 0,
+                                        global_batch_explicit=config.train.global_batch_size is not None))
     resumed = checkpoints.load_latest(state)
     timeline.mark("checkpoint_load")
     attempt = attempt_info()

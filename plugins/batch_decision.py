@@ -34,6 +34,7 @@ from typing import Any
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, resolve
 from megatron_resilience.jobs.preemption_margin import preempt_time_of
+from megatron_resilience.plugins import node_range
 from megatron_resilience.plugins._executor import set_setup_block, slurm_job_file
 from megatron_resilience.plugins.task_settings import finished_evidence
 from megatron_resilience.upstream import import_nemo_run
@@ -82,7 +83,7 @@ def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
         cycle_log_prefix=os.path.join(job_dir, "ft_cycle_logs", "cycle"),
         sbatch_script=os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh"),
         preempt_time=preempt_time_of(getattr(executor, "signal", None)),
-        **{k: v for k, v in settings.items() if k != "watch"})
+        **(node_range.remembered(executor) or {}), **{k: v for k, v in settings.items() if k != "watch"})
 
 
 def install(executor: Any, editor: Any) -> None:

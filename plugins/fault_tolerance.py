@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, check_positive, fail
-from megatron_resilience.plugins import batch_decision, ft_config, ft_features, ft_trainer
+from megatron_resilience.plugins import batch_decision, ft_config, ft_features, ft_trainer, node_range
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
     claim,
@@ -65,6 +65,7 @@ from megatron_resilience.upstream import (
     parse_version,
     unaccepted_ft_launcher_flags,
 )
+from megatron_resilience.upstream.launcher import elastic_node_range
 
 run = import_nemo_run()
 log = logging.getLogger("megatron_resilience.plugins")
@@ -90,8 +91,10 @@ class FaultTolerancePlugin(run.Plugin):
     ``rdzv_join_timeout`` (whole seconds, multi-node Slurm jobs): every node must join each rendezvous round
     (the first and the one after every in-job restart) within it; after a node is lost the other agents
     give up after it (exit 1) and the job is requeued. It must cover the nodes' start-up skew.
-    The remaining fields are ft_launcher's safety features (docs/plugins.md: which release has which); None or
-    False leaves ft_launcher's own default.
+    ``min_nodes`` (Slurm): the fewest nodes the job may run on (NeMo-Run's and torchrun's ``nnodes=MIN:MAX``,
+    MAX = ``executor.nodes``): a lost node without a spare shrinks the job instead of stopping it
+    (``node_range.py``). The remaining fields are ft_launcher's safety features (docs/plugins.md: which release
+    has which); None or False leaves ft_launcher's own default.
     """
 
     enable_ft_package: bool = True
@@ -111,6 +114,7 @@ class FaultTolerancePlugin(run.Plugin):
     mode: str | None = None
     nvrx_version: str | None = None
     rdzv_join_timeout: int = 600
+    min_nodes: int | None = None
     # ft_launcher safety features
     restart_policy: str | None = None
     use_infra_group_rank: bool | None = None
@@ -139,6 +143,7 @@ class FaultTolerancePlugin(run.Plugin):
         check_int(f"{NAME}.num_in_job_restarts", self.num_in_job_restarts, minimum=0)
         check_int(f"{NAME}.num_job_retries_on_failure", self.num_job_retries_on_failure, minimum=0)
         check_int(f"{NAME}.rdzv_join_timeout", self.rdzv_join_timeout, minimum=1)
+        check_int(f"{NAME}.min_nodes", self.min_nodes, minimum=1, allow_none=True)
         for name in ("initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "workload_check_interval"):
             check_positive(f"{NAME}.{name}", getattr(self, name))
         for name in ("setup_timeout", "step_timeout", "checkpointing_timeout", "out_of_section_timeout"):
@@ -169,6 +174,7 @@ class FaultTolerancePlugin(run.Plugin):
         version, source = nvrx_version_for_rendering(self.nvrx_version)
         target = trainer_target(task, NAME, self.script_args_converter_fn)
         mode = ft_trainer.enable_ft(self, target, slurm=profile.is_slurm)
+        node_range.setup(self.min_nodes, editor=target.editor, executor=executor, profile=profile, version=version)
 
         executor.launcher = self._launcher(executor.launcher, mode, version, profile)
         check_signal_reaches_trainer(executor, NAME)
@@ -291,8 +297,11 @@ class FaultTolerancePlugin(run.Plugin):
         if profile.ft_config == "sbatch":
             host_path, path = slurm_job_file(executor, f"{executor.job_name}_ft_cfg.yml")
             set_setup_block(executor, FT_CFG_BLOCK, ft_config.sbatch_block(host_path, yaml_text, extras.host_dirs))
+            ranged = node_range.remembered(executor)
+            srun = {} if ranged is None else {"nnodes": node_range.ft_launcher_nnodes(ranged["min_nodes"], version),
+                                              "keep_survivors": elastic_node_range(version)}
             set_setup_block(executor, FT_FLAGS_BLOCK,
-                            ft_config.launcher_flags_block(extras.flags) if extras.flags else None)
+                            ft_config.launcher_flags_block(extras.flags, **srun) if extras.flags or srun else None)
         elif profile.ft_config == "lepton_pre_launch":
             path = f"/tmp/megatron_resilience/{executor.job_name}_ft_cfg.yml"
             executor.pre_launch_commands = [*executor.pre_launch_commands, *ft_config.pre_launch_lines(path, yaml_text)]

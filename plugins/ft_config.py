@@ -104,30 +104,81 @@ def sbatch_block(host_path: str, yaml_text: str, host_dirs: list[str] = ()) -> s
     )
 
 
-def launcher_flags_block(flags: list[str]) -> str:
+def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_survivors: bool = False) -> str:
     """Lines for ``executor.setup_lines``: add ``flags`` to the ft_launcher command of the job's srun.
 
     nemo_run renders a fixed set of ft_launcher flags and has no field for others; ft_launcher reads some
     settings only from its command line. A shell function ``srun`` (defined after nemo_run's own srun
     calls of the setup, before the job step) inserts the flags right after the ``ft_launcher`` word of
     the srun command and runs the real srun, so the job step is exactly ``srun ... ft_launcher FLAGS ...``.
+
+    ``nnodes`` (``FaultTolerancePlugin.min_nodes``): the value of ft_launcher's ``--nnodes`` instead of
+    nemo_run's fixed node count, evaluated when the step starts (e.g. ``1:$SLURM_JOB_NUM_NODES``: an attempt
+    resized by the job-level decision runs on the nodes it got). ``keep_survivors``: srun's
+    ``--kill-on-bad-exit=0 --wait=0`` instead of nemo_run's ``=1`` / ``=60``, so a node whose agent died does
+    not take the surviving agents down with it (they re-form the group at the smaller size). With ``nnodes`` the
+    step also gets ``--ntasks=$SLURM_JOB_NUM_NODES``: after ``scontrol update NumNodes=1 NumTasks=1`` on a
+    requeued 2-node job, Slurm 22.05 still starts the step with the submitted task count (measured on the local
+    cluster: two agents on the one node, ``sacct`` NTasks 2, the second waiting in the rendezvous as a spare).
     """
-    return (
-        "# ft_launcher reads these settings only from its command line, for which nemo_run has no field:\n"
-        "# insert them right after 'ft_launcher' in the srun command of the job step below\n"
-        f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})\n"
-        "srun() {\n"
-        "    local args=() arg added=0\n"
-        '    for arg in "$@"; do\n'
-        '        args+=("$arg")\n'
-        '        if [ "$added" = 0 ] && [ "$arg" = ft_launcher ]; then\n'
-        '            args+=("${megatron_resilience_ft_launcher_flags[@]}")\n'
-        "            added=1\n"
-        "        fi\n"
-        "    done\n"
-        '    command srun "${args[@]}"\n'
-        "}"
-    )
+    if nnodes is None and not keep_survivors:
+        return (
+            "# ft_launcher reads these settings only from its command line, for which nemo_run has no field:\n"
+            "# insert them right after 'ft_launcher' in the srun command of the job step below\n"
+            f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})\n"
+            "srun() {\n"
+            "    local args=() arg added=0\n"
+            '    for arg in "$@"; do\n'
+            '        args+=("$arg")\n'
+            '        if [ "$added" = 0 ] && [ "$arg" = ft_launcher ]; then\n'
+            '            args+=("${megatron_resilience_ft_launcher_flags[@]}")\n'
+            "            added=1\n"
+            "        fi\n"
+            "    done\n"
+            '    command srun "${args[@]}"\n'
+            "}"
+        )
+    lines = ["# The job step's srun command, rewritten where nemo_run has no field (other srun calls run as they are):"]
+    if flags:
+        lines.append("# - ft_launcher settings read only from its command line, right after 'ft_launcher'")
+    if nnodes is not None:
+        lines.append("# - ft_launcher --nnodes: the node range, up to the nodes this attempt was given "
+                     "(FaultTolerancePlugin.min_nodes)")
+    if keep_survivors:
+        lines.append("# - srun --kill-on-bad-exit=0 --wait=0: a lost node's agent does not end the surviving agents")
+    if nnodes is not None:
+        lines.append("# - srun --ntasks=$SLURM_JOB_NUM_NODES: one ft_launcher per node of this attempt (a resized "
+                     "job's step would inherit the submitted task count: two agents on one node)")
+    lines += [
+        f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})",
+        "srun() {",
+        "    local args=() arg added=0 nnodes_next=0",
+        '    case " $* " in *" ft_launcher "*) ;; *) command srun "$@"; return ;; esac',
+        '    for arg in "$@"; do',
+        '        if [ "$nnodes_next" = 1 ]; then',
+        f'            arg="{nnodes}"; nnodes_next=0' if nnodes is not None else "            nnodes_next=0",
+        '        elif [ "$added" = 0 ]; then',
+    ]
+    if keep_survivors:
+        lines.append('            case "$arg" in --kill-on-bad-exit=*) arg=--kill-on-bad-exit=0 ;; '
+                     '--wait=*) arg=--wait=0 ;; esac')
+    else:
+        lines.append("            :")
+    lines += [
+        '        elif [ "$arg" = --nnodes ]; then',
+        "            nnodes_next=1",
+        "        fi",
+        '        args+=("$arg")',
+        '        if [ "$added" = 0 ] && [ "$arg" = ft_launcher ]; then',
+        '            args+=("${megatron_resilience_ft_launcher_flags[@]}")',
+        "            added=1",
+        "        fi",
+        "    done",
+        '    command srun --ntasks="$SLURM_JOB_NUM_NODES" "${args[@]}"' if nnodes is not None
+        else '    command srun "${args[@]}"',
+        "}",
+    ]
+    return "\n".join(lines)
 
 
 def pre_launch_lines(path: str, yaml_text: str) -> list[str]:

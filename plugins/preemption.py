@@ -38,10 +38,11 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
-from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError, TrainingConfig
+from megatron_resilience.config._validate import check_int, check_positive, fail
 from megatron_resilience.config.slurm_signal import same_slurm_signal
 from megatron_resilience.config.slurm_time import slurm_time_seconds
+from megatron_resilience.config.training import PREEMPTION_NOTICE_PROVIDERS
 from megatron_resilience.jobs.preemption_margin import preempt_time_warning
 from megatron_resilience.plugins import batch_decision, partial_trainers
 from megatron_resilience.plugins._executor import (
@@ -79,7 +80,11 @@ class PreemptionPlugin(run.Plugin):
 
     The first fields and their defaults are Megatron-Bridge's; ``signal`` is ours (the trainer's
     ``train.exit_signal``); ``callbacks`` is NeMo 2.0's: ``run.Config`` callbacks merged into a NeMo task's
-    ``trainer.callbacks`` instead of NeMo's ``PreemptionCallback``.
+    ``trainer.callbacks`` instead of NeMo's ``PreemptionCallback``. ``cloud_notice`` ("aws", "gcp", "azure"): the
+    trainer's local rank 0 of each node also polls that cloud's instance metadata service every
+    ``cloud_notice_interval`` seconds for a spot/preemptible notice and treats one exactly like ``signal``
+    (``train.preemption_notice``; ``cloud_notice_url`` replaces the metadata service's address, e.g. a proxy).
+    Our trainer only.
     """
 
     preempt_time: int = 60
@@ -88,6 +93,9 @@ class PreemptionPlugin(run.Plugin):
     script_args_converter_fn: Callable[[PreemptionPluginScriptArgs], list[str]] | None = None
     signal: str = "SIGTERM"
     callbacks: list[Any] | None = None
+    cloud_notice: str | None = None
+    cloud_notice_interval: float = 5.0
+    cloud_notice_url: str | None = None
 
     def __post_init__(self) -> None:
         check_int(f"{NAME}.preempt_time", self.preempt_time, minimum=1)
@@ -103,6 +111,20 @@ class PreemptionPlugin(run.Plugin):
                 hasattr(c, "__fn_or_cls__") for c in self.callbacks)):
             fail(f"{NAME}.callbacks", "must be a list of run.Config callbacks (NeMo 2.0's field), e.g. "
                  "[run.Config(PreemptionCallback, sig=signal.SIGTERM)]", self.callbacks)
+        if self.cloud_notice is not None and self.cloud_notice not in PREEMPTION_NOTICE_PROVIDERS:
+            fail(f"{NAME}.cloud_notice", f"must be one of {list(PREEMPTION_NOTICE_PROVIDERS)} or None",
+                 self.cloud_notice)
+        check_positive(f"{NAME}.cloud_notice_interval", self.cloud_notice_interval)
+        if self.cloud_notice is not None and not self.enable_exit_handler:
+            fail(f"{NAME}.enable_exit_handler", "must be true with cloud_notice (a notice acts as the signal the "
+                 "trainer's exit handler stops on)", self.enable_exit_handler)
+        if self.cloud_notice_url is not None:  # the trainer's own check, at submit time
+            try:
+                TrainingConfig(exit_signal_handler=True, preemption_notice="aws",
+                               preemption_notice_url=self.cloud_notice_url)
+            except ConfigError as err:
+                raise ConfigError(str(err).replace("train.preemption_notice_url", f"{NAME}.cloud_notice_url")) \
+                    from None
 
     def setup(self, task: Any, executor: Any) -> None:
         profile = executor_profile(executor, NAME)
@@ -171,7 +193,16 @@ class PreemptionPlugin(run.Plugin):
             editor.set("train.exit_signal_handler_for_dataloader", self.enable_exit_handler_for_data_loader,
                        "enable_exit_handler_for_data_loader")
             editor.make_trainer_direct_task()
+            if self.cloud_notice is not None:
+                editor.set("train.preemption_notice", self.cloud_notice, "cloud_notice")
+                editor.set("train.preemption_notice_interval", float(self.cloud_notice_interval),
+                           "cloud_notice_interval")
+                if self.cloud_notice_url is not None:
+                    editor.set("train.preemption_notice_url", self.cloud_notice_url, "cloud_notice_url")
             return editor
+        if self.cloud_notice is not None:
+            raise ConfigError(f"{NAME}.cloud_notice={self.cloud_notice!r}: only megatron_resilience's trainer polls "
+                              "the instance metadata service; this task runs another trainer (set cloud_notice=None)")
         if target.nemo is not None:
             callbacks = self.callbacks or [partial_trainers.callback_config(
                 partial_trainers.NEMO_PREEMPTION_CALLBACK, NAME, sig=int(getattr(_signal, self.signal)))]

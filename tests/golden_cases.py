@@ -179,6 +179,11 @@ CASES = {
                                           [every_feature("0.7"), PreemptionPlugin()]),
     "ft_progress_flags_nvrx_0_6": lambda: (partial_task(), slurm(), [FaultTolerancePlugin(
         nvrx_version="0.6", max_no_progress_cycles=4, min_progress_iterations=20, cycle_info=True)]),
+    # Issue 25: a node range (min_nodes): elastic where the release's rendezvous is (0.4), hot spares from 0.6.
+    "ft_min_nodes_2x8_partial": lambda: (partial_task(), slurm(nodes=2, gpus=8), [
+        ft(min_nodes=1), PreemptionPlugin(preempt_time=120), RestartPolicyPlugin(policy="megatron_transient")]),
+    "ft_min_nodes_2x8_nvrx_0_7": lambda: (partial_task(), slurm(nodes=2, gpus=8), [
+        FaultTolerancePlugin(nvrx_version="0.7", min_nodes=1)]),
     # Issue 10: the job-level decision with a restart policy and its monitors.
     "ft_preemption_policy_partial": lambda: (partial_task(), slurm(), [
         ft(), PreemptionPlugin(), RestartPolicyPlugin(policy="megatron_transient", monitors="megatron_production")]),

@@ -95,7 +95,9 @@ def job_step(script: str, workdir: str) -> dict:
         f.write('#!/bin/bash\nprintf "%s\\0" "$@"\n')
     os.chmod(stub, 0o755)
     bash = f"head_node_ip=10.0.0.1\n{block.group(1) if block else ''}\n{srun_line.replace('<random>', '1234')}\n"
-    env = {"PATH": f"{stub_dir}:{os.environ['PATH']}", "SLURM_NODEID": "0"}
+    nodes = re.search(r"^#SBATCH --nodes=(\d+)$", script, re.M)
+    env = {"PATH": f"{stub_dir}:{os.environ['PATH']}", "SLURM_NODEID": "0",
+           "SLURM_JOB_NUM_NODES": nodes.group(1) if nodes else "1"}  # what Slurm exports in the job
     out = subprocess.run(["bash", "-c", bash], capture_output=True, env=env, check=True).stdout.decode()
     argv = out.split("\0")[:-1]
     exports = {m.group(1): shlex.split(m.group(2), comments=True)[0]

@@ -91,7 +91,8 @@ def test_world_size_checks_name_the_fields():
     with pytest.raises(ConfigError, match=re.escape("must divide the world size 3")):
         config.validate_world_size(3)
     with pytest.raises(ConfigError, match=re.escape(
-            "train.global_batch_size: must be a multiple of train.micro_batch_size * data-parallel size = 8, got 12")):
+            "train.global_batch_size: must be a multiple of train.micro_batch_size * data-parallel size = "
+            "4 * 2 = 8, got 12")):
         config.validate_world_size(4)
     assert PretrainConfig(run_dir="/tmp/r").validate_world_size(2) == 2
 

@@ -219,3 +219,20 @@ def test_batch_lost_is_requeued_and_resubmitted_when_slurm_refuses(fake):
     assert calls() == ["scontrol requeue 77", "sbatch --parsable --requeue --export=ALL,MEGATRON_RESILIENCE_"
                        f"RESUBMISSION=1 --job-name=acct.gpt {cfg.sbatch_script}"]
     assert ledger.records("outcome")[-1]["new_job_id"] == "900"
+
+
+def test_a_resubmission_with_min_nodes_asks_for_the_nodes_the_partition_can_give(fake):
+    """Issue 25: a 2-node job (FaultTolerancePlugin(min_nodes=1)) whose batch host is lost while its other node is
+    down: Slurm refuses the requeue, and the resubmission asks for the one node that can take it (--nodes=1)."""
+    import dataclasses
+
+    cfg, ledger, set_state, calls = fake
+    cfg = dataclasses.replace(cfg, min_nodes=1, nodes=2)
+    set_state(job=job("FAILED", ExitCode="0:9", NodeList="n1,n2"), requeue_refused=True,
+              nodes={"n1": "idle", "n2": "down", "n3": "allocated"})
+    Watcher(cfg).step()
+    [attempt] = ledger.attempts()
+    assert (attempt["decision"]["action"], attempt["node_count"]["nodes"], attempt["node_count"]["was"]) == \
+        ("requeue", 1, 2), json.dumps(attempt)
+    assert calls() == ["scontrol requeue 77", "sbatch --parsable --requeue --export=ALL,MEGATRON_RESILIENCE_"
+                       f"RESUBMISSION=1 --job-name=acct.gpt --nodes=1 {cfg.sbatch_script}"]

@@ -11,7 +11,12 @@ running the real trainer (tiny GPT, Megatron-Core). What one launcher per job ca
   sbatch script records a failure and requeues the job;
 * a node that stops answering without closing its connections (power or network loss): the surviving
   rank blocks in a collective until an FT section timeout kills it (not gloo's 10-minute collective
-  timeout), then the same rendezvous join timeout ends the agent.
+  timeout), then the same rendezvous join timeout ends the agent;
+* issue 25, an elastic node range (``--nnodes=1:2``, what ``FaultTolerancePlugin(min_nodes=1)`` renders for
+  nvidia-resiliency-ext 0.4): the same node loss, but the surviving agent's next rendezvous round closes with
+  the one node left, its rank resumes the step-10 checkpoint at DP=1 (re-sharded, same global batch) and the
+  run finishes inside the same launch: no requeue. Losses before the loss equal the uninterrupted run's
+  bitwise, after it within the float tolerance of ``test_elastic_reshard.py``.
 
 All runs start at once (a module fixture); the faults, the recoveries and the surviving agents' timeouts
 happen with every core saturated (``tests/loadgen.py``), as on an oversubscribed node. Set
@@ -55,10 +60,13 @@ def _killed(root) -> TwoAgentRun:
     return run
 
 
-def _lost(root, name: str, *, frozen: bool, load_started: threading.Event) -> TwoAgentRun:
-    """Agent 1 (not the store host) is lost after step LOSE_AFTER_STEP; agent 0 must end by itself."""
-    run = launch_two_agents(root / name, BASE, join_timeout=JOIN_TIMEOUT, max_restarts=1,
-                            timeouts=FROZEN_TIMEOUTS if frozen else TIMEOUTS)
+def _lost(root, name: str, *, frozen: bool, load_started: threading.Event, nnodes: str = "2") -> TwoAgentRun:
+    """Agent 1 (not the store host) is lost after step LOSE_AFTER_STEP; agent 0 must end by itself.
+
+    ``nnodes="1:2"``: an elastic node range (issue 25), with the global batch fixed as the plugin fixes it."""
+    overrides = BASE + (["train.global_batch_size=8"] if ":" in nnodes else [])
+    run = launch_two_agents(root / name, overrides, join_timeout=JOIN_TIMEOUT, max_restarts=1,
+                            timeouts=FROZEN_TIMEOUTS if frozen else TIMEOUTS, nnodes=nnodes)
     try:
         wait_for(lambda: run.train_steps() >= LOSE_AFTER_STEP or run.agents[0].proc.poll() is not None,
                  timeout=WAIT, interval=0.1, what=f"{name}: step {LOSE_AFTER_STEP}")
@@ -84,15 +92,16 @@ def runs(request):
     root = Path(tempfile.mkdtemp(prefix="mr-multinode-agents-"))
     failed_before = request.session.testsfailed
     load_started = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=4)
+    pool = ThreadPoolExecutor(max_workers=5)
     futures = {
         "reference": pool.submit(_reference, root),
         "killed": pool.submit(_killed, root),
         "lost": pool.submit(_lost, root, "lost", frozen=False, load_started=load_started),
         "frozen": pool.submit(_lost, root, "frozen", frozen=True, load_started=load_started),
+        "elastic": pool.submit(_lost, root, "elastic", frozen=False, load_started=load_started, nnodes="1:2"),
     }
     # The load starts once every run trains (start-up is not what is timed) and lasts until all have ended.
-    wait_for(lambda: all((root / n / "metrics.jsonl").exists() for n in ("killed", "lost", "frozen"))
+    wait_for(lambda: all((root / n / "metrics.jsonl").exists() for n in ("killed", "lost", "frozen", "elastic"))
              or any(f.done() for f in futures.values()), timeout=WAIT, interval=0.2, what="every run to train")
     t0 = time.monotonic()
     if os.environ.get("MR_TESTS_QUIET") == "1":
@@ -188,3 +197,34 @@ def test_frozen_node_surviving_rank_is_ended_by_an_ft_section_timeout_then_the_j
     assert re.search(r"failed \(exitcode: -9\) local_rank: 0", log), log[-6000:]
     assert not re.search(r"Connection (closed|reset) by peer", log)
     assert run.agents[0].ended - run.lost["at"] < 45 + JOIN_TIMEOUT + 300, run.log()[-6000:]
+
+
+# --- issue 25: an elastic node range: the survivor re-forms the group at the smaller size and finishes ----------
+
+
+def test_elastic_range_survivor_continues_at_the_smaller_size_and_finishes(runs):
+    from test_elastic_reshard import LOSS_TOLERANCE
+
+    ref, run = runs["reference"], runs["elastic"]
+    survivor = run.agents[0]
+    log = survivor.log()
+    assert ref.returncode == 0, ref.log()[-3000:]
+    assert run.lost and run.lost["node"] == 1 and survivor.returncode == 0, log[-6000:]
+    assert run.flag.exists(), log[-6000:]  # finished inside this launch: nemo_run's FT script would not requeue
+    assert 10 in run.extra["checkpoints_at_loss"] and run.extra["step_at_loss"] < 20, run.extra
+    # Round 0 with both nodes, then the survivor alone: round 1 closed with the one node that was left.
+    assert re.search(r"has joined round 0 of the rendezvous '\S+' as rank 0 in a world of size 2", log), log[-6000:]
+    assert re.search(r"has joined round 1 of the rendezvous '\S+' as rank 0 in a world of size 1", log), log[-6000:]
+    assert "RendezvousTimeoutError" not in log
+    starts = [(r["step"], r["world_size"], r["dp"]) for r in run.records("start")]
+    assert starts == [(0, 2, 2), (10, 1, 1)], starts
+    assert "re-sharded over 1 data-parallel rank(s)" in log
+    assert "global batch 8 = 2 micro-batches x 4 x dp 1" in log
+    losses, reference = run.losses(), ref.losses()
+    assert sorted(losses) == list(range(1, 31))
+    first = {r["step"]: r["loss"] for r in run.records("train")[:10]}
+    assert first == {s: reference[s] for s in range(1, 11)}  # before the loss: the same DP=2 run, bit for bit
+    for step in range(11, 31):  # after it: DP=1, the same samples per step, another summation order
+        assert abs(losses[step] - reference[step]) <= LOSS_TOLERANCE, (step, losses[step], reference[step])
+    # Bounded from the loss: the rank's failure, dead-node detection, the rendezvous' last call (30 s), setup.
+    assert survivor.ended - run.lost["at"] < JOIN_TIMEOUT + 600, run.log()[-6000:]

@@ -100,6 +100,14 @@ def test_ft_launcher_command_is_accepted_by_its_release(case, parsed):
         assert (args["nnodes"], args["nproc_per_node"]) == ("2", "8")
     if case == "ft_preemption_4x8_partial":
         assert (args["nnodes"], args["nproc_per_node"]) == ("4", "8")
+    if case == "ft_min_nodes_2x8_partial":  # 0.4.1: an elastic range up to the attempt's nodes; survivors kept
+        assert (args["nnodes"], args["nproc_per_node"]) == ("1:2", "8")
+        assert "--kill-on-bad-exit=0" in step["srun"] and "--wait=0" in step["srun"]
+        assert step["srun"][0] == "--ntasks=2"  # one agent per node of the attempt, whatever Slurm's SLURM_NTASKS
+    if case == "ft_min_nodes_2x8_nvrx_0_7":  # 0.7 reads a range as hot spares: the attempt's node count only
+        assert (args["nnodes"], args["nproc_per_node"]) == ("2", "8")
+        assert "--kill-on-bad-exit=1" in step["srun"] and "--wait=60" in step["srun"]
+        assert step["srun"][0] == "--ntasks=2"
 
 
 def test_every_feature_reaches_ft_launcher_0_7(parsed):

@@ -17,7 +17,7 @@ from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()
 
-from megatron_resilience.config import FaultToleranceConfig, TrainingConfig  # noqa: E402
+from megatron_resilience.config import ConfigError, FaultToleranceConfig, TrainingConfig  # noqa: E402
 from megatron_resilience.config.overrides import config_from_overrides  # noqa: E402
 from megatron_resilience.entry import pretrain  # noqa: E402
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
@@ -130,6 +130,26 @@ def test_inline_script_trainer_is_execed_and_gets_overrides(tmp_path, caplog):
             "trainer, not bash, is the process that receives the scheduler's signal") in messages(caplog)
     PreemptionPlugin().setup(task, slurm(tmp_path / "again"))  # idempotent: no second exec, no new overrides
     assert task.inline.count("exec ") == 1 and task.inline.count("train.exit_signal=SIGTERM") == 1
+
+
+def test_cloud_notice_reaches_the_trainer_of_a_partial_and_a_script_and_refuses_other_trainers(tmp_path, caplog):
+    caplog.set_level(logging.INFO, LOGGER)
+    task = run.Partial(pretrain, run_dir="/runs/gpt")
+    PreemptionPlugin(cloud_notice="gcp", cloud_notice_interval=2).setup(task, slurm(tmp_path))
+    assert fdl.build(task.train) == TrainingConfig(exit_signal_handler=True, preemption_notice="gcp",
+                                                   preemption_notice_interval=2.0)
+    assert ("PreemptionPlugin: task train.preemption_notice: None (default) -> 'gcp' (cloud_notice)"
+            in messages(caplog))
+    script = run.Script(path="megatron_resilience", m=True, entrypoint="python", args=["run_dir=/runs/gpt"])
+    PreemptionPlugin(cloud_notice="azure", cloud_notice_url="http://10.0.0.1:8080").setup(script,
+                                                                                         slurm(tmp_path / "s"))
+    config = config_from_overrides(script.args)
+    assert (config.train.preemption_notice, config.train.preemption_notice_interval,
+            config.train.preemption_notice_url) == ("azure", 5.0, "http://10.0.0.1:8080")
+    other = run.Script(path="/opt/megatron-lm/pretrain_gpt.py", entrypoint="python")
+    with pytest.raises(ConfigError, match=r"^PreemptionPlugin\.cloud_notice='aws': only megatron_resilience's "
+                                          r"trainer polls the instance metadata service"):
+        PreemptionPlugin(cloud_notice="aws").setup(other, slurm(tmp_path / "o"))
 
 
 def test_nsys_requested_on_launcher_or_task_is_turned_off_with_a_warning(tmp_path, caplog):

@@ -61,6 +61,14 @@ def test_fault_tolerance_plugin_rejects(kwargs, message):
                             "'SIGHUP', 'SIGQUIT', 'SIGALRM', 'SIGCONT'], got 'SIGKILL'"),
     ({"signal": "TERM"}, "PreemptionPlugin.signal: must be one of ['SIGTERM'"),
     ({"enable_exit_handler": 1}, "PreemptionPlugin.enable_exit_handler: must be true or false, got 1"),
+    ({"cloud_notice": "oracle"},
+     "PreemptionPlugin.cloud_notice: must be one of ['aws', 'azure', 'gcp'] or None, got 'oracle'"),
+    ({"cloud_notice": "aws", "cloud_notice_interval": 0},
+     "PreemptionPlugin.cloud_notice_interval: must be a number > 0, got 0"),
+    ({"cloud_notice": "gcp", "enable_exit_handler": False},
+     "PreemptionPlugin.enable_exit_handler: must be true with cloud_notice"),
+    ({"cloud_notice": "aws", "cloud_notice_url": "metadata.internal"},
+     "PreemptionPlugin.cloud_notice_url: must be http(s)://HOST[:PORT]"),
 ])
 def test_preemption_plugin_rejects(kwargs, message):
     with pytest.raises(ConfigError) as err:
@@ -217,3 +225,46 @@ def test_preemption_needs_the_run_dir_for_the_requeue_decision(no_run_dir, messa
     with pytest.raises(ConfigError) as err:
         preview(no_run_dir, slurm(launcher="torchrun"), [PreemptionPlugin()])
     assert str(err.value) == message
+
+
+def _trained(**train):
+    from megatron_resilience.config import ParallelConfig, TrainingConfig
+
+    tp = train.pop("tp", 1)
+    return run.Partial(pretrain, run_dir="/runs/gpt", train=run.Config(TrainingConfig, **train),
+                       parallel=run.Config(ParallelConfig, tensor_model_parallel_size=tp))
+
+
+@pytest.mark.parametrize("make_task, nodes, min_nodes, message", [
+    (task, 2, 3, "FaultTolerancePlugin.min_nodes: must be between 1 and the job's node count executor.nodes=2, "
+                 "got 3"),
+    (lambda: _trained(micro_batch_size=4, global_batch_size=16), 4, 3,
+     "train.global_batch_size: must be a multiple of train.micro_batch_size * data-parallel size at every node "
+     "count FaultTolerancePlugin.min_nodes=3 allows (3..4 nodes: DP 3, 4, micro batch 4): allowed values are "
+     "multiples of 48, got 16"),
+    (lambda: _trained(tp=2), 4, 1,
+     "FaultTolerancePlugin.min_nodes: at 1 node(s) x 1 rank(s) the world size 1 is not a multiple of tensor x "
+     "pipeline parallel = 2; allowed values: [4], got 1"),
+])
+def test_a_node_range_the_job_cannot_run_is_refused_at_submit_time(make_task, nodes, min_nodes, message):
+    with pytest.raises(ConfigError) as err:
+        preview(make_task(), slurm(nodes=nodes, ntasks_per_node=1), [FaultTolerancePlugin(min_nodes=min_nodes)])
+    assert str(err.value) == message
+
+
+def test_an_unset_global_batch_is_fixed_at_the_full_size_with_a_log_line(caplog):
+    import fiddle as fdl
+
+    caplog.set_level("INFO", "megatron_resilience.plugins")
+    job = _trained(micro_batch_size=2)
+    executor = slurm(nodes=2, ntasks_per_node=1)
+    executor.assign("gpt_1", "/tmp/gpt_1", task_id="gpt", task_dir="gpt")
+    FaultTolerancePlugin(min_nodes=1).setup(job, executor)
+    assert fdl.build(job.train).global_batch_size == 4  # micro batch 2 x DP 2, also a multiple of 2 x DP 1
+    assert ("FaultTolerancePlugin: task train.global_batch_size: None (default) -> 4 (min_nodes=1: fixed at the full "
+            "size's micro batch x DP 2, so the training stays the same on fewer nodes)") in caplog.messages
+
+
+def test_min_nodes_is_checked_when_the_plugin_is_made():
+    with pytest.raises(ConfigError, match=r"^FaultTolerancePlugin\.min_nodes: must be an integer >= 1, got 0$"):
+        FaultTolerancePlugin(min_nodes=0)

@@ -37,7 +37,8 @@ TASK_CASES = [
     (["train.global_batch_size=6"], "train.global_batch_size: must be a multiple of train.micro_batch_size=4, got 6",
      ALL),
     (["train.global_batch_size=4"],
-     "train.global_batch_size: must be a multiple of train.micro_batch_size * data-parallel size = 8, got 4", ALL),
+     "train.global_batch_size: must be a multiple of train.micro_batch_size * data-parallel size = 4 * 2 = 8, "
+     "got 4", ALL),
     (["train.eval_interval=10"], "train.eval_iters: must be >= 1 when train.eval_interval is set, got 0", ALL),
     (["train.seed=-1"], "train.seed: must be an integer >= 0, got -1", ALL),
     (["model.num_layers=0"], "model.num_layers: must be an integer >= 1, got 0", ALL),

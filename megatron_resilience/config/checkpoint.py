@@ -32,6 +32,9 @@ class CheckpointConfig:
     load_optional: bool = False
     save_interval: int | None = None  # steps; None -> only at the end / on graceful exit
     keep_last_n: int | None = None  # None -> keep every checkpoint
+    # Also keep the N checkpoints with the lowest validation loss, outside the keep_last_n rotation: a step whose
+    # evaluation ranks among them is saved then (needs train.eval_interval). None -> off.
+    keep_best: int | None = None
     async_save: bool = False
     save_on_exit: bool = True  # save when training ends (max_steps, signal, duration, straggler)
     # Testing aid, like ft.simulate_fault: on the job's first attempt only, every save waits this many seconds
@@ -50,6 +53,9 @@ class CheckpointConfig:
                 fail(f"checkpoint.{name}", "must be a directory path or None", "")
         check_int("checkpoint.save_interval", self.save_interval, minimum=1, allow_none=True)
         check_int("checkpoint.keep_last_n", self.keep_last_n, minimum=1, allow_none=True)
+        check_int("checkpoint.keep_best", self.keep_best, minimum=1, allow_none=True)
+        if self.keep_best is not None and self.save is None:
+            fail("checkpoint.save", "must be set when checkpoint.keep_best is set", None)
         check_non_negative("checkpoint.simulated_slow_save", self.simulated_slow_save)
         if self.simulated_slow_save and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.simulated_slow_save is set", None)

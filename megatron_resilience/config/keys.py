@@ -65,6 +65,10 @@ MEANING = {
     "train.exit_signal_handler": "on train.exit_signal: checkpoint and exit 0 (preemption)",
     "train.exit_signal": "the signal that means 'save and stop'",
     "train.exit_signal_handler_for_dataloader": "install the handler in data loader workers too",
+    "train.preemption_notice": "aws, gcp or azure: a spot/preemptible node's notice on the instance metadata service "
+                               "acts as train.exit_signal; null = off",
+    "train.preemption_notice_interval": "seconds between polls of the metadata service (local rank 0 of each node)",
+    "train.preemption_notice_url": "http://HOST[:PORT] replacing the provider's metadata host; null = its own",
     "train.exit_duration_in_mins": "save and stop after this many minutes; null = no limit",
     "train.device": "auto (cuda when available), cpu or cuda",
     "train.gpu_memory_gib": "one rank's device memory (GiB) for the submit-time size check; null = no check",
@@ -73,6 +77,8 @@ MEANING = {
     "checkpoint.load_optional": "a checkpoint.load without a checkpoint starts from step 0 instead of failing",
     "checkpoint.save_interval": "steps between checkpoints; null = only at the end",
     "checkpoint.keep_last_n": "keep this many newest checkpoints; null = all",
+    "checkpoint.keep_best": "also keep this many checkpoints with the lowest validation loss, outside keep_last_n "
+                            "(needs train.eval_interval); null = off",
     "checkpoint.async_save": "write checkpoints in the background",
     "checkpoint.simulated_slow_save": "testing aid: hold every save this many seconds (first attempt only)",
     "checkpoint.save_on_exit": "save when training ends or stops early",

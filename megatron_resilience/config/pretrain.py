@@ -57,6 +57,9 @@ class PretrainConfig:
         if self.ft.simulated_fault_step is not None and self.ft.simulated_fault_step > self.train.max_steps:
             fail("ft.simulated_fault_step", f"must be <= train.max_steps={self.train.max_steps}",
                  self.ft.simulated_fault_step)
+        if self.checkpoint.keep_best is not None and self.train.eval_interval is None:
+            fail("checkpoint.keep_best", "needs train.eval_interval (the validation loss the best checkpoints are "
+                 "ranked by)", self.checkpoint.keep_best)
         if self.optim.lr_warmup_steps > self.train.max_steps:
             fail("optim.lr_warmup_steps", f"must be <= train.max_steps={self.train.max_steps}",
                  self.optim.lr_warmup_steps)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_resilience.jobs import evidence as ev
-from megatron_resilience.jobs import finished, preemption_margin, slurm, taxonomy
+from megatron_resilience.jobs import finished, node_range, preemption_margin, slurm, taxonomy
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
@@ -73,7 +73,10 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         "last_step": progress["last_step"], "resumed_from": progress["resumed_from"],
         "checkpoint_step": progress["checkpoint_step"], "recomputed_steps": progress["recomputed_steps"],
         "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
+        **node_range.attempt_sizes(mine),  # world size and DP of the attempt (and of each in-job cycle)
     }
+    if cfg.min_nodes is not None:
+        record["min_nodes"] = cfg.min_nodes
     if cls.error_type == "preempted":
         record["preemption"] = preemption_margin.measure(stop_reason, mine, exit_time=record["end"],
                                                          preempt_time=cfg.preempt_time)
@@ -88,6 +91,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
                           finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None)
     record["decision"] = decision.to_dict()
     record["policy"] = policy.name if policy else "nemo_run"
+    count = node_range.plan(cfg, record, decision, history, partition=partition)
+    if count is not None:
+        record["node_count"] = count
     return Ending(cls, decision, record)
 
 

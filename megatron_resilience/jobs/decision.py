@@ -117,7 +117,7 @@ def _exclusions(policy: Policy, action: str, cls: Classification, history: list[
 
 
 def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[str, Any]],
-                     attempt_nodes: list[str], cluster: Cluster) -> None:
+                     attempt_nodes: list[str], cluster: Cluster, *, min_nodes: int | None = None) -> None:
     if not wanted:
         return
     already: list[str] = []
@@ -125,7 +125,8 @@ def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[s
         already += (a.get("decision") or {}).get("exclude_applied") or []
     combined = list(dict.fromkeys(already + wanted))
     usable = [n for n in cluster.nodes if n not in combined and n not in cluster.unusable]
-    needed = max(1, len(attempt_nodes))
+    # A job with a node range (FaultTolerancePlugin.min_nodes) can start on fewer nodes (jobs/node_range.py).
+    needed = max(1, min_nodes or len(attempt_nodes))
     decision.exclude_requested = wanted
     if not cluster.nodes:
         decision.exclude_not_applied = "the partition's nodes are unknown (sinfo gave none)"
@@ -177,7 +178,7 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     left[mode] -= 1
     decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck)
     _apply_exclusion(decision, _exclusions(policy, action, cls, history, current.get("nodes") or [], cluster),
-                     history, current.get("nodes") or [], cluster)
+                     history, current.get("nodes") or [], cluster, min_nodes=current.get("min_nodes"))
     return decision
 
 

@@ -86,14 +86,17 @@ def cycle_infos(cycle_info_dir: str | None, job_id: str, restart: int) -> list[d
 
 
 def split_cycles(lines: list[str]) -> list[list[str]]:
-    """The launcher's log cut at each ``restart_count=N`` (torchrun/ft_launcher's rendezvous result)."""
+    """The launcher's log cut where a ``restart_count=N`` (torchrun/ft_launcher's rendezvous result) starts a new
+    cycle N. A multi-node job step's log holds every node's agent, each printing the same ``restart_count`` for
+    the same round: only the first mark of a count starts its cycle (else one 2-node run reads as 2 cycles)."""
     cycles: list[list[str]] = [[]]
-    seen_mark = False
+    highest = None
     for line in lines:
-        if CYCLE_MARK.match(LAUNCHER_PREFIX.sub("", line)):
-            if seen_mark:
+        mark = CYCLE_MARK.match(LAUNCHER_PREFIX.sub("", line))
+        if mark and (highest is None or int(mark.group(1)) > highest):
+            if highest is not None:
                 cycles.append([])
-            seen_mark = True
+            highest = int(mark.group(1))
         cycles[-1].append(line)
     return cycles
 

@@ -21,6 +21,7 @@ from megatron_resilience.jobs.policies import Policy, load_policy, policy_from_d
 
 CONFIG_SUFFIX = "_job_level.json"
 STOP_MARKER_SUFFIX = "_job_level_stopped"
+NODE_RANGE_FIELDS = ("min_nodes", "nodes", "ntasks_per_node")
 # The monitors used without a RestartPolicyPlugin (the ledger and report still say why attempts ended).
 DEFAULT_MONITORS = "megatron_production"
 
@@ -48,6 +49,11 @@ class JobLevelConfig:
     finished_grace_seconds: float = 300.0  # watcher: finished but still running after this -> scancel
     inactivity_threshold: float | None = None  # watcher: no log/metrics progress for this long (FT off) -> stall
     preempt_time: int | None = None  # seconds between Slurm's preemption signal and its kill (--signal=SIG@N)
+    # FaultTolerancePlugin.min_nodes: a requeued attempt asks for the nodes the partition can give, from min_nodes
+    # up to nodes (the job's full size); ntasks_per_node: srun tasks per node (NumTasks follows NumNodes).
+    min_nodes: int | None = None
+    nodes: int | None = None
+    ntasks_per_node: int = 1
 
     def __post_init__(self) -> None:
         for name in ("job_name", "job_dir", "ledger", "finished_flag"):
@@ -86,7 +92,11 @@ class JobLevelConfig:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        data = asdict(self)
+        if self.min_nodes is None:  # no node range: the job's JSON (and sbatch script) as without the feature
+            for key in NODE_RANGE_FIELDS:
+                data.pop(key)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobLevelConfig:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from megatron_resilience.jobs import report, report_scalars
+from megatron_resilience.jobs import attempt_throughput, report, report_scalars
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE
@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     run_report = report.build(args.run_dir)
     as_dict = run_report.to_dict()
     print(json.dumps(as_dict, indent=1, default=str) if args.json else report.format_report(run_report))
+    throughput = "" if args.json else attempt_throughput.section(args.run_dir)
+    if throughput:
+        print(f"\n{throughput}")
     if args.logs:
         print(attempt_logs(args.run_dir, run_report.rows))
     if args.png != "none":

@@ -85,6 +85,18 @@ def cluster(partition: str | None) -> Cluster:
     return Cluster(nodes=nodes, unusable=unusable, partition=partition or "")
 
 
+def node_states(partition: str | None) -> dict[str, str]:
+    """Node -> state of the partition's nodes (sinfo, lower case, flag suffixes such as ``*`` dropped; {} when
+    sinfo fails). A node in two states (e.g. idle and allocated CPUs) reads as the first sinfo lists."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])) or ""
+    states: dict[str, str] = {}
+    for line in out.splitlines():
+        if "|" in line:
+            name, state = line.split("|", 1)
+            states.setdefault(name, state.rstrip("*~#!%$@^-").lower())
+    return states
+
+
 def live_jobs_named(name: str, *, stdout_dir: str | None = None) -> list[dict[str, str]]:
     """This user's live jobs with this name (and, if given, writing their output into ``stdout_dir``)."""
     out = _run(["squeue", "--me", "-h", "-n", name, "-o", "%i|%T|%Z"]) or ""

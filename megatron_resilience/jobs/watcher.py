@@ -34,7 +34,7 @@ import subprocess
 import time
 from typing import Any
 
-from megatron_resilience.jobs import slurm
+from megatron_resilience.jobs import node_range, slurm
 from megatron_resilience.jobs.attempts import Ending, attempt_start, end_attempt
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
@@ -165,7 +165,7 @@ class Watcher:
         decision = recorded.get("decision") or {}
         if decision.get("action") == "requeue":  # decided, but Slurm did not requeue it (or it was purged)
             log(f"job {job} was to be requeued but is {st['state']}: resubmitting")
-            self._resubmit(decision.get("exclude_applied") or [])
+            self._resubmit(decision.get("exclude_applied") or [], recorded.get("node_count"))
             return False
         return self._finish_chain(recorded)
 
@@ -201,6 +201,10 @@ class Watcher:
         cluster = slurm.cluster(self.partition)
         decision = decide(cls, policy, chain_history(self.ledger), record, cluster)
         record["decision"] = decision.to_dict()
+        record.pop("node_count", None)
+        count = node_range.plan(self.cfg, record, decision, chain_history(self.ledger), partition=self.partition)
+        if count is not None:
+            record["node_count"] = count
         return Ending(cls, decision, record)
 
     def _carry_out(self, job: str, ending: Ending, *, already_requeued: bool) -> bool:
@@ -211,12 +215,15 @@ class Watcher:
                 ok, out = self.ledger.perform("requeue", ["scontrol", "requeue", job], by="watcher", job_id=job)
                 if not ok:
                     log(f"scontrol requeue {job} refused ({out}): resubmitting")
-                    self._resubmit(decision.exclude_applied)
+                    self._resubmit(decision.exclude_applied, ending.record.get("node_count"))
                     return False
             if decision.exclude_applied:
                 nodes = ",".join(decision.exclude_applied)
                 self.ledger.perform("exclude_nodes", ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"],
                                     by="watcher", job_id=job, nodes=decision.exclude_applied)
+            resized = node_range.carry_out(self.ledger, ending.record, job, by="watcher")
+            if resized:
+                log(f"job {job}: {resized}")
             return False
         if decision.action == "scancel":
             self.ledger.perform("scancel", ["scancel", job], by="watcher", job_id=job)
@@ -287,7 +294,7 @@ class Watcher:
                                 why=f"pending {reason}: the exclusion cannot be met")
 
     # --- resubmission ----------------------------------------------------------------------------------------------
-    def _resubmit(self, exclude: list[str]) -> None:
+    def _resubmit(self, exclude: list[str], node_count: dict[str, Any] | None = None) -> None:
         live = self.live_jobs()
         if live:
             log(f"not resubmitting: job {live[-1]['job_id']} of this run is live")
@@ -302,6 +309,8 @@ class Watcher:
             command.append(f"--job-name={self.job_name()}")
         if exclude:
             command.append(f"--exclude={','.join(exclude)}")
+        if node_count:  # FaultTolerancePlugin.min_nodes: the nodes the partition can give now (jobs/node_range.py)
+            command.append(f"--nodes={node_count['nodes']}")
         command.append(script)
         intent = self.ledger.append({"kind": "intent", "id": os.urandom(6).hex(), "action": "sbatch",
                                      "command": command, "by": "watcher", "resubmission": n})

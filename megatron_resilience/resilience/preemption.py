@@ -58,6 +58,7 @@ class DistributedSignalHandler:
         self.completed_step: int | None = None  # the last step trained when ``phase`` was set (None in setup)
         self.run_dir: str | None = None  # where to leave stop_reason.json when exiting during setup
         self.checkpoint_root: str | None = None
+        self.source: dict | None = None  # who sent the signal when not the scheduler: {"cloud_notice": {...}}
         self._reported = 0  # signals already logged
         self._previous = None
         self._installed = False
@@ -120,7 +121,8 @@ class DistributedSignalHandler:
         if self.log is None:
             self.log = get_logger("preemption", self.rank)
         if self._reported == 0:
-            self.log.warning(f"received {self.signal_name} at {_clock(self.received_at)} "
+            via = " from a cloud preemption notice" if self.source else ""
+            self.log.warning(f"received {self.signal_name}{via} at {_clock(self.received_at)} "
                              f"(phase: {self.received_during}; pid {os.getpid()})")
         if self.count > 1:
             self.log.warning(f"received {self.signal_name} {self.count} times; the first one stops the run, "
@@ -130,7 +132,7 @@ class DistributedSignalHandler:
     def describe(self) -> dict:
         """This rank's view, for the ``signal`` record of metrics.jsonl and stop_reason.json."""
         return {"signal": self.signal_name, "received_time": self.received_at, "received_during": self.received_during,
-                "count": self.count}
+                "count": self.count, **(self.source or {})}
 
     def restore(self) -> None:
         if self._installed:

@@ -44,14 +44,14 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from megatron_resilience import upstream
 from megatron_resilience.config import CheckpointConfig, ConfigError
 from megatron_resilience.runtime import checkpoint_layout as layout
-from megatron_resilience.runtime import checkpoint_state
+from megatron_resilience.runtime import checkpoint_state, reshard
 from megatron_resilience.runtime.checkpoint_interval import AdaptiveInterval
 from megatron_resilience.runtime.checkpoint_layout import atomic_write_text  # noqa: F401  (public re-export)
 from megatron_resilience.runtime.state import TrainState
@@ -119,12 +119,17 @@ def _all_ok(ok: bool) -> bool:
 class CheckpointManager:
     """Saves and restores a :class:`TrainState`; every method is collective (call it on all ranks)."""
 
-    def __init__(self, config: CheckpointConfig, *, run_dir: str, max_steps: int | None = None) -> None:
+    def __init__(self, config: CheckpointConfig, *, run_dir: str, max_steps: int | None = None,
+                 resume_check: Callable[[dict | None, str], Any] | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         # checkpoint.interval_policy=young_daly: the interval is chosen at restarts and after periodic saves
         self.interval = AdaptiveInterval(config, run_dir=run_dir, max_steps=max_steps) \
             if config.interval_policy == "young_daly" and config.save is not None else None
+        # Called with a checkpoint's saved layout and path before its tensors are read (reshard.check_resume);
+        # its ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
+        self.resume_check = resume_check
+        self.best = layout.BestCheckpoints(config.save, config.keep_best) if config.keep_best else None
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
         self._pending: list[_Save] = []  # async saves scheduled and not yet committed, oldest first
@@ -150,6 +155,13 @@ class CheckpointManager:
     def take_interval_changes(self) -> list[dict[str, Any]]:
         """``checkpoint_interval`` records of the decisions since the last call (young_daly; rank 0)."""
         return self.interval.take_events() if self.interval is not None else []
+
+    def note_validation(self, step: int, loss: float) -> bool:
+        """``checkpoint.keep_best``: the validation loss of ``step``; True when its checkpoint should be saved now."""
+        return self.best is not None and self.best.note(step, loss)
+
+    def wants_best(self, step: int) -> bool:
+        return self.best is not None and self.best.wants(step)
 
     def load_latest(self, state: TrainState) -> bool:
         """Restore ``state`` in place from the newest complete checkpoint; False when there is none."""
@@ -244,7 +256,7 @@ class CheckpointManager:
         if self.interval is not None:
             if reason == "interval":
                 self.interval.after_save(step, save.blocking_s, periodic=True)
-            else:  # a save at a stop or at the end: nothing left to decide, no extra collective
+            else:  # a keep_best save, or one at a stop or the end: nothing to decide, no extra collective
                 self.interval.last_save_step = step
 
     def maybe_finalize(self, *, blocking: bool = False) -> list[int]:
@@ -305,12 +317,18 @@ class CheckpointManager:
         torch.distributed.barrier()
         root, step = self.config.save, save.step
         final, nbytes = os.path.join(root, layout.iter_dir_name(step)), None
+        best = self.best.commit(step) if self.best is not None else None  # every rank ranks it the same way
         if _rank() == 0:
             final = layout.commit(root, save.tmp, step)
             nbytes = layout.directory_bytes(final)
             layout.remove_stale_tmp(root)
+            if best is not None:
+                self.best.write()
+                log.info("checkpoint: step %d is among the %d best by %s (%.6g): kept apart from keep_last_n",
+                         step, self.best.keep, layout.BEST_METRIC, best["validation_loss"])
             if self.config.keep_last_n is not None:
-                layout.apply_retention(root, self.config.keep_last_n, just_saved=step)
+                layout.apply_retention(root, self.config.keep_last_n, just_saved=step,
+                                       protected=self.best.steps() if self.best is not None else frozenset())
             log.info("checkpoint: committed %s (%.3f s after the save started)", final,
                      time.perf_counter() - save.start_perf)
         torch.distributed.barrier()
@@ -330,11 +348,15 @@ class CheckpointManager:
 
         try:
             common = dist_checkpointing.load_common_state_dict(path)
+            if self.resume_check is not None:
+                self.resume_check(common.get(reshard.LAYOUT_KEY), path)
             template = checkpoint_state.loading_template(
                 state, dist_checkpointing.load_content_metadata(preloaded_state_dict=common),
                 saved_world_size=int(common.get("world_size", -1)), common=common)
             loaded = dist_checkpointing.load(template, path)
             checkpoint_state.apply_loaded(state, loaded)
+        except ConfigError:  # the same on every rank (the same common state): this job cannot resume it
+            raise
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure: fall back to the previous one
             where = traceback.extract_tb(err.__traceback__)[-1]
             log.debug("checkpoint: loading %s failed", path, exc_info=True)

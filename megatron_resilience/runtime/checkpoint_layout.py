@@ -6,6 +6,7 @@ Layout under ``checkpoint.save``::
     iter_0000020/
     iter_0000030.tmp/                  a save in progress (or one cut off by a crash)
     latest_checkpointed_iteration.txt  "20": the newest committed step, written last
+    best_checkpoints.json              with checkpoint.keep_best: the N best by validation loss
 
 A checkpoint is written under ``iter_N.tmp`` and renamed to ``iter_N`` only once
 every rank has finished writing, so a directory named ``iter_N`` is complete by
@@ -19,6 +20,7 @@ Everything here is plain filesystem work run by rank 0; no collectives.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -166,13 +168,17 @@ def remove_stale_tmp(root: str, *, keep: str | None = None) -> list[str]:
     return removed
 
 
-def apply_retention(root: str, keep_last_n: int, *, just_saved: int) -> list[str]:
-    """Keep the ``keep_last_n`` newest ``iter_N`` directories (never ``just_saved``); returns what was removed."""
+def apply_retention(root: str, keep_last_n: int, *, just_saved: int, protected: frozenset[int] = frozenset()
+                    ) -> list[str]:
+    """Keep the ``keep_last_n`` newest ``iter_N`` directories (never ``just_saved``); returns what was removed.
+
+    ``protected`` steps (the best checkpoints, ``checkpoint.keep_best``) are never removed by the rotation.
+    """
     dirs = iter_dirs(root)
-    keep = {step for step, _ in dirs[-keep_last_n:]} | {just_saved}
+    keep = {step for step, _ in dirs[-keep_last_n:]} | {just_saved} | set(protected)
     removed = []
     for step, path in dirs:
-        if step not in keep and len(dirs) - len(removed) > keep_last_n:
+        if step not in keep:
             shutil.rmtree(path)
             removed.append(path)
     if removed:
@@ -201,3 +207,65 @@ def commit(root: str, tmp_path: str, step: int) -> str:
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
     return final
+
+
+# --- the best checkpoints by validation loss (checkpoint.keep_best) ---------------------------------------------
+
+BEST_FILE = "best_checkpoints.json"
+BEST_METRIC = "validation loss"
+
+
+class BestCheckpoints:
+    """The ``keep`` checkpoints with the lowest validation loss, kept apart from the keep-last-N rotation.
+
+    Every rank keeps the same list (the validation loss is reduced over the ranks, so every rank ranks the same
+    way): whether a step's checkpoint is wanted must be decided identically, a save being collective. Rank 0
+    writes it to ``best_checkpoints.json`` (atomically, after the checkpoint's rename and tracker): a checkpoint
+    is listed only once it is complete, and a best one is a plain ``iter_N`` that resumes like any other.
+    """
+
+    def __init__(self, root: str, keep: int) -> None:
+        self.root, self.keep = root, keep
+        self.best: list[dict] = read_best(root)  # lowest loss first
+        self._losses: dict[int, float] = {}  # validation losses of this run, by step, not yet committed
+
+    def note(self, step: int, loss: float) -> bool:
+        """Record ``step``'s validation loss; True when a checkpoint of ``step`` would be among the best."""
+        self._losses[step] = loss
+        return self.wants(step)
+
+    def wants(self, step: int) -> bool:
+        loss = self._losses.get(step)
+        if loss is None or loss != loss:  # no evaluation at this step, or NaN
+            return False
+        others = [b for b in self.best if b["step"] != step]
+        return len(others) < self.keep or loss < others[self.keep - 1]["validation_loss"]
+
+    def commit(self, step: int) -> dict | None:
+        """``step``'s checkpoint is complete: rank it. Returns its entry when it is now among the best."""
+        if not self.wants(step):
+            return None
+        entry = {"step": step, "validation_loss": self._losses[step]}
+        ranked = sorted([b for b in self.best if b["step"] != step] + [entry],
+                        key=lambda b: (b["validation_loss"], b["step"]))
+        self.best = ranked[:self.keep]
+        return entry
+
+    def steps(self) -> frozenset[int]:
+        return frozenset(b["step"] for b in self.best)
+
+    def write(self) -> None:
+        atomic_write_text(os.path.join(self.root, BEST_FILE), json.dumps(
+            {"metric": BEST_METRIC, "keep_best": self.keep, "best": self.best}, indent=1) + "\n")
+
+
+def read_best(root: str) -> list[dict]:
+    """``best_checkpoints.json``'s entries whose ``iter_N`` still exists, lowest loss first ([] when none)."""
+    try:
+        with open(os.path.join(root, BEST_FILE), encoding="utf-8") as handle:
+            entries = json.load(handle)["best"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    present = {step for step, _ in iter_dirs(root)}
+    return sorted((e for e in entries if isinstance(e, dict) and e.get("step") in present),
+                  key=lambda b: (b["validation_loss"], b["step"]))

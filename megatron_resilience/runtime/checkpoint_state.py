@@ -11,7 +11,8 @@ One sharded state dict holds everything exact resume needs:
   torch CPU, accelerator and tensor-parallel tracker RNG states; dropout draws
   differ per rank, so each rank gets its own back;
 - common (saved once by rank 0): step, consumed samples, scheduler state,
-  ``TrainState.extra`` and the world size the RNG states belong to;
+  ``TrainState.extra``, the world size the RNG states belong to, and the ``layout`` (world size, TP, PP,
+  DP, global and micro batch) that a resume at another DP size is checked against (:mod:`reshard`);
 - ``rerun_state_machine``, only while Megatron-Core's rerun state machine is
   mid-diagnosis (the exit-16/17 checkpoints): its common part (mode, state,
   iteration) plus one ``ShardedObject`` per rank with that rank's suspicious
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron_resilience.runtime import reshard
 from megatron_resilience.runtime.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,7 @@ def build_sharded_state_dict(state: TrainState, *, is_loading: bool,
     sharded["scheduler"] = state.scheduler.state_dict()
     sharded["extra"] = dict(state.extra)
     sharded["world_size"] = world
+    sharded[reshard.LAYOUT_KEY] = current_layout(state)
     if not is_loading:
         rerun = rerun_state_to_save()
         if rerun is not None:
@@ -149,6 +152,17 @@ def build_sharded_state_dict(state: TrainState, *, is_loading: bool,
 
 RERUN_KEY = "rerun_state_machine"
 RERUN_LAYOUT_KEY = "rerun_state_machine_layout"  # (world, tp, pp, dp) the per-rank rerun states belong to
+
+
+def current_layout(state: TrainState) -> dict[str, int | None]:
+    """This job's layout as :mod:`reshard` records and checks it."""
+    from megatron.core import parallel_state
+
+    return reshard.layout(world_size=torch.distributed.get_world_size(),
+                          tp=parallel_state.get_tensor_model_parallel_world_size(),
+                          pp=parallel_state.get_pipeline_model_parallel_world_size(),
+                          dp=parallel_state.get_data_parallel_world_size(),
+                          global_batch_size=state.global_batch_size, micro_batch_size=state.micro_batch_size)
 
 
 def _parallel_layout() -> list[int]:
@@ -267,7 +281,7 @@ def loading_template(state: TrainState, saved_metadata: dict[str, Any] | None, *
     _ensure_adam_step_state(state.optimizer)
     metadata = {k: v for k, v in (saved_metadata or {}).items() if k in SHARDING_METADATA} or None
     template = build_sharded_state_dict(state, is_loading=True, metadata=metadata)
-    for key in ("step", "consumed_samples", "scheduler", "extra", "world_size"):
+    for key in ("step", "consumed_samples", "scheduler", "extra", "world_size", reshard.LAYOUT_KEY):
         del template[key]  # common values come back from the checkpoint's common.pt
     if saved_world_size != torch.distributed.get_world_size():
         del template["rng_state"]

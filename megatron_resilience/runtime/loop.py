@@ -331,12 +331,14 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
                 began = time.perf_counter()
                 eval_loss = evaluate(ctx)
                 ctx.metrics.eval(step=step, eval_loss=eval_loss, duration_s=time.perf_counter() - began)
+            ctx.checkpoints.note_validation(step, eval_loss)  # checkpoint.keep_best ranks by it
         poll_async_checkpoints(ctx)
-        if ctx.checkpoints.should_save(step) and step != t.max_steps:
+        why = "interval" if ctx.checkpoints.should_save(step) else "best" if ctx.checkpoints.wants_best(step) else None
+        if why and step != t.max_steps:
             # A signal from this step stops the run first: its stop is recorded before any slow save starts.
             stop = hooks.signal_before_save(state)
             if not stop:
-                save_checkpoint(ctx, "interval")
+                save_checkpoint(ctx, why)
                 last_saved = step
         # After the periodic save: a signal that arrived during it stops the run right away ("already saved").
         stop = stop or hooks.after_step(state)
@@ -355,8 +357,8 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
         if config.checkpoint.save is not None:
             at_stop = save_at_stop(ctx, reason, last_saved=last_saved)
         return reason, exit_code, at_stop
-    if exit_code is None and state.step != last_saved and (
-            config.checkpoint.save_on_exit or ctx.checkpoints.should_save(state.step)):
+    wanted = ctx.checkpoints.should_save(state.step) or ctx.checkpoints.wants_best(state.step)
+    if exit_code is None and state.step != last_saved and (config.checkpoint.save_on_exit or wanted):
         save_checkpoint(ctx, reason)
     if config.checkpoint.save is not None:
         with hooks.checkpoint_section():

@@ -228,6 +228,25 @@ LAUNCHER_FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 
+# ``--nnodes=MIN:MAX`` per release: what the rendezvous does with a node range (read from each release's
+# rendezvous; 0.4.1, 0.6.0 and 0.7.0 were run here with two agents on one machine):
+# - <= 0.4: the legacy rendezvous (NVIDIA's copy of torch's dynamic rendezvous): elastic. The world is the nodes
+#   that joined (MIN..MAX); after a node is lost the survivors' next round closes without it, once MIN have
+#   joined and ``last_call_timeout`` (rdzv conf, 30 s default) has passed.
+# - 0.5: ``--ft-rdzv-impl`` legacy (the default, elastic as above) or barrier (not run here: 0.5.0 needs
+#   nv_one_logger to import).
+# - 0.6: barrier by default: MIN active nodes, the others hot spares (standby). Legacy is deprecated and fails
+#   at worker start in 0.6.0 (AttributeError: 'FtRendezvousHandler' object has no attribute
+#   '_attribution_service').
+# - 0.7: barrier only: MIN active nodes (world size MIN x nproc), the others hot spares.
+
+
+def elastic_node_range(version: tuple[int, ...]) -> bool:
+    """Whether ft_launcher ``version`` re-forms the world from the nodes that are left within ``--nnodes=MIN:MAX``
+    (True), or reads the range as MIN active nodes plus hot spares (False)."""
+    return version < (0, 6)
+
+
 def ft_launcher_args_parser():
     """The installed ft_launcher's own argparse parser (imports torch: tests and compute nodes only)."""
     from nvidia_resiliency_ext.fault_tolerance import launcher

@@ -141,19 +141,25 @@ class TwoAgentRun:
 
 
 def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int, max_restarts: int = 1,
-                      timeouts: dict | None = None) -> TwoAgentRun:
-    """Start two ft_launcher agents (one rank each) for ``-m megatron_resilience run_dir=... <overrides>``."""
+                      timeouts: dict | None = None, nnodes: str = "2", rdzv_conf: str = "",
+                      flags: tuple[str, ...] = ()) -> TwoAgentRun:
+    """Start two ft_launcher agents (one rank each) for ``-m megatron_resilience run_dir=... <overrides>``.
+
+    ``nnodes="1:2"`` is an elastic node range (what ``FaultTolerancePlugin(min_nodes=1)`` renders); ``rdzv_conf``
+    adds rendezvous settings to ``PET_RDZV_CONF`` (e.g. ``last_call_timeout=5``); ``flags`` go to ft_launcher too.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {})
     endpoint = f"127.0.0.1:{free_port()}"
     agents = []
     for index in range(2):
+        conf = [f"join_timeout={join_timeout}", f"is_host={int(index == 0)}"] + ([rdzv_conf] if rdzv_conf else [])
         env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", PET_RDZV_CONF=f"join_timeout={join_timeout},is_host={int(index == 0)}")
-        cmd = [str(VENV_BIN / "ft_launcher"), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                   OMP_NUM_THREADS="1", PET_RDZV_CONF=",".join(conf))
+        cmd = [str(VENV_BIN / "ft_launcher"), f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_dir.name}", f"--max-restarts={max_restarts}",
-               "--monitor-interval=0.5", "--workers-stop-timeout=15", f"--ft-cfg-path={cfg}",
+               "--monitor-interval=0.5", "--workers-stop-timeout=15", f"--ft-cfg-path={cfg}", *flags,
                "-m", "megatron_resilience", f"run_dir={run_dir}", f"checkpoint.save={run_dir / 'ckpt'}",
                "ft.enabled=true", *overrides]
         log_path = run_dir / f"agent{index}.log"

@@ -1,0 +1,119 @@
+"""Issue 25, section 4: ``checkpoint.keep_best=N`` keeps the N checkpoints with the lowest validation loss apart
+from the ``keep_last_n`` rotation, written and listed atomically, resumable like any other checkpoint.
+
+The ranking and the rotation are plain files (``checkpoint_layout``): checked on folders made here. Then the real
+trainer (one process, tiny GPT, learning rate 0.3 so that the validation loss goes up and down) evaluates every 3
+steps with ``keep_best=2, keep_last_n=1`` and no save interval: every evaluation that ranks among the two best is
+saved then, the ones that drop out are rotated away, and what is left is exactly the two best plus the newest.
+The expected best steps come from the run's own evaluation records, so the test holds whatever the curve is on
+another megatron-core; it requires that a best checkpoint is older than the newest (true for this curve on 0.16.1
+and 0.19.2), so the rotation really had to spare it. One best checkpoint is then resumed in a fresh folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, read_metrics
+
+from megatron_resilience.config import CheckpointConfig, ConfigError, PretrainConfig, TrainingConfig
+from megatron_resilience.runtime import checkpoint_layout as layout
+
+
+def _dirs(root) -> list[int]:
+    return [step for step, _ in layout.iter_dirs(str(root))]
+
+
+def _make(root, *steps):
+    for step in steps:
+        os.makedirs(os.path.join(root, layout.iter_dir_name(step)))
+
+
+def test_ranking_keeps_the_lowest_losses_and_rotation_spares_them(tmp_path):
+    best = layout.BestCheckpoints(str(tmp_path), keep=2)
+    evaluations = [(4, 5.0), (8, 4.0), (12, 4.5), (16, 6.0), (20, 3.0), (24, 4.2)]
+    saved = []
+    for step, loss in evaluations:
+        if best.note(step, loss):
+            _make(tmp_path, step)
+            assert best.commit(step) == {"step": step, "validation_loss": loss}
+            best.write()
+            saved.append(step)
+            layout.apply_retention(str(tmp_path), 1, just_saved=step, protected=best.steps())
+    assert saved == [4, 8, 12, 20]  # 16 (6.0) and 24 (4.2 > 4.0, 3.0) never ranked among the two best
+    assert best.best == [{"step": 20, "validation_loss": 3.0}, {"step": 8, "validation_loss": 4.0}]
+    assert _dirs(tmp_path) == [8, 20]  # 4 and 12 dropped out of the best and were rotated away
+    assert json.loads((tmp_path / layout.BEST_FILE).read_text()) == {
+        "metric": "validation loss", "keep_best": 2,
+        "best": [{"step": 20, "validation_loss": 3.0}, {"step": 8, "validation_loss": 4.0}]}
+    _make(tmp_path, 28, 32)  # interval saves: the rotation keeps the newest one, and never a best one
+    layout.apply_retention(str(tmp_path), 1, just_saved=32, protected=best.steps())
+    assert _dirs(tmp_path) == [8, 20, 32]
+
+
+def test_a_resumed_run_reads_the_list_back_without_checkpoints_that_are_gone(tmp_path):
+    _make(tmp_path, 8, 20)
+    (tmp_path / layout.BEST_FILE).write_text(json.dumps({"metric": "validation loss", "keep_best": 2, "best": [
+        {"step": 20, "validation_loss": 3.0}, {"step": 8, "validation_loss": 4.0},
+        {"step": 4, "validation_loss": 1.0}]}))  # iter_4 was removed by hand
+    best = layout.BestCheckpoints(str(tmp_path), keep=2)
+    assert best.steps() == {8, 20}
+    assert not best.note(24, 4.5) and best.note(28, 3.5) and not best.note(32, float("nan"))
+
+
+def test_keep_best_settings_are_checked_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"^checkpoint\.keep_best: must be an integer >= 1, got 0$"):
+        CheckpointConfig(save="/c", keep_best=0)
+    with pytest.raises(ConfigError, match=r"^checkpoint\.save: must be set when checkpoint\.keep_best is set"):
+        CheckpointConfig(keep_best=2)
+    with pytest.raises(ConfigError, match=r"^checkpoint\.keep_best: needs train\.eval_interval"):
+        PretrainConfig(run_dir="/r", checkpoint=CheckpointConfig(save="/c", keep_best=2))
+    PretrainConfig(run_dir="/r", checkpoint=CheckpointConfig(save="/c", keep_best=2),
+                   train=TrainingConfig(eval_interval=10, eval_iters=1))
+
+
+def _trainer(run_dir, *overrides):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "megatron_resilience", f"run_dir={run_dir}", *overrides], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_trainer_keeps_the_best_checkpoints_apart_from_the_rotation_and_one_resumes(tmp_path):
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
+    proc = _trainer(run_dir, "train.max_steps=24", "train.eval_interval=3", "train.eval_iters=1", "optim.lr=0.3",
+                    "optim.lr_decay_style=constant", f"checkpoint.save={ckpt}", "checkpoint.keep_best=2",
+                    "checkpoint.keep_last_n=1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    evals = [(r["step"], r["eval_loss"]) for r in read_metrics(run_dir, None) if r.get("kind") == "eval"]
+    assert [s for s, _ in evals] == list(range(3, 25, 3))
+    top, expected_saves = [], []  # what keep_best=2 must have done, replayed from the evaluations
+    for step, loss in evals:
+        if len(top) < 2 or loss < top[-1][0]:
+            top = sorted(top + [(loss, step)])[:2]
+            expected_saves.append(step)
+    best = sorted(step for _, step in top)
+    assert min(best) < 24, f"this curve's best checkpoints are the newest ones; nothing to spare: {evals}"
+    saves = [(r["step"], r["reason"]) for r in read_metrics(run_dir, None) if r.get("kind") == "checkpoint"]
+    assert saves == [(s, "best") for s in expected_saves if s != 24] + [(24, "finished")], (saves, evals)
+    assert _dirs(ckpt) == sorted(set(best) | {24})
+    manifest = json.loads((ckpt / layout.BEST_FILE).read_text())
+    assert manifest == {"metric": "validation loss", "keep_best": 2,
+                        "best": [{"step": s, "validation_loss": loss} for loss, s in top]}
+    assert all(layout.why_incomplete(str(ckpt / layout.iter_dir_name(s)), s) is None for s in best)
+    assert f"checkpoint: step {top[0][1]} is among the 2 best by validation loss" in proc.stderr
+
+    resumed_dir, older = tmp_path / "resumed", min(best)
+    os.makedirs(resumed_dir / "ckpt")
+    shutil.copytree(ckpt / layout.iter_dir_name(older), resumed_dir / "ckpt" / layout.iter_dir_name(older))
+    proc = _trainer(resumed_dir, f"train.max_steps={older + 1}", "optim.lr=0.3", "optim.lr_decay_style=constant",
+                    f"checkpoint.save={resumed_dir / 'ckpt'}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [start] = [r for r in read_metrics(resumed_dir, None) if r.get("kind") == "start"]
+    assert (start["step"], start["resumed"]) == (older, True)
+    assert [r["step"] for r in read_metrics(resumed_dir)] == [older + 1]
