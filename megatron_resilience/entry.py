@@ -12,6 +12,7 @@ from megatron_resilience.config import (
     CheckpointConfig,
     DataConfig,
     FaultToleranceConfig,
+    InProcessConfig,
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -34,6 +35,7 @@ def pretrain(
     ft: FaultToleranceConfig | None = None,
     straggler: StragglerConfig | None = None,
     rerun: RerunConfig | None = None,
+    inprocess: InProcessConfig | None = None,
 ) -> None:
     """Validate the config, then run Megatron-Core GPT pretraining on this node's ranks."""
     config = PretrainConfig(
@@ -47,6 +49,7 @@ def pretrain(
         ft=ft or FaultToleranceConfig(),
         straggler=straggler or StragglerConfig(),
         rerun=rerun or RerunConfig(),
+        inprocess=inprocess or InProcessConfig(),
     )
     from megatron_resilience.trainer import run_pretraining
 

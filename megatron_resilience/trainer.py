@@ -22,6 +22,7 @@ from megatron_resilience import upstream
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.resilience import build_hooks
+from megatron_resilience.resilience.exit_codes import RESUME_TO_DISAMBIGUATE
 from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
@@ -70,7 +71,11 @@ def _init_rerun_state_machine(config: PretrainConfig) -> None:
 
 
 def run_pretraining(config: PretrainConfig) -> None:
-    """Train ``config`` on this process's rank; returns when finished or stopped, exits 16/17 on rerun codes."""
+    """Train ``config`` on this process's rank; returns when finished or stopped, exits 16/17 on rerun codes.
+
+    With ``inprocess.enabled`` the training (hooks to teardown) runs under nvidia-resiliency-ext's in-process
+    restart wrapper (resilience/inprocess.py): after a fault it is called again in the same process.
+    """
     start_time = time.monotonic()
     # First: a preemption signal during the seconds of imports and setup below must stop the run, not kill it.
     signals = install_at_process_start(config.train.exit_signal_handler, config.train.exit_signal,
@@ -88,7 +93,31 @@ def run_pretraining(config: PretrainConfig) -> None:
     if signals is not None and rank == 0:
         log.info("preemption: %s handler installed at process start (pid %d): a signal during setup exits 0 at "
                  "once, later ones stop the run with a checkpoint", config.train.exit_signal, os.getpid())
+    if config.inprocess.enabled:
+        from megatron_resilience.resilience import inprocess
+
+        def once(call_wrapper) -> int | None:
+            iteration_timeline = timeline if inprocess.current_iteration() == 0 else SetupTimeline()
+            iteration_timeline.mark("entered")
+            return _train(config, rank, world_size, start_time, iteration_timeline, call_wrapper)
+
+        exit_code = inprocess.run_restartable(config, once, rank=rank, world_size=world_size)
+    else:
+        exit_code = _train(config, rank, world_size, start_time, timeline, None)
+    if exit_code is not None:
+        sys.exit(exit_code)
+
+
+def _train(config: PretrainConfig, rank: int, world_size: int, start_time: float, timeline: SetupTimeline,
+           call_wrapper) -> int | None:
+    """Hooks, setup, the loop, teardown: one call of the training function. Returns a rerun exit code or None.
+
+    Under in-process restart (``call_wrapper`` set) every exception propagates, so the wrapper restarts; a lost
+    peer is part of every in-process restart, and the rerun state machine's exit 16 becomes a restart too.
+    """
     hooks = build_hooks(config, rank=rank, world_size=world_size)
+    if call_wrapper is not None:
+        hooks.progress = call_wrapper.ping
     exit_code = None
     try:
         with hooks.setup_section():
@@ -105,6 +134,11 @@ def run_pretraining(config: PretrainConfig) -> None:
     except ConfigError as err:  # a setting that only the job's size can check, e.g. TP*PP vs world size
         raise SystemExit(f"megatron_resilience: {err}") from None
     except Exception as err:
+        if call_wrapper is not None:
+            from megatron_resilience.resilience import inprocess
+
+            inprocess.note_own_exception(err)
+            raise
         why = lost_a_peer(err)
         if why is None:
             raise
@@ -114,8 +148,13 @@ def run_pretraining(config: PretrainConfig) -> None:
         raise SystemExit(1) from None
     finally:
         _teardown()
-    if exit_code is not None:
-        sys.exit(exit_code)
+    if call_wrapper is not None and exit_code == RESUME_TO_DISAMBIGUATE:
+        from megatron_resilience.resilience import inprocess
+
+        err = inprocess.RerunRestart(exit_code)
+        inprocess.note_own_exception(err)
+        raise err
+    return exit_code
 
 
 # What torch.distributed raises on a rank whose peer process is gone (gloo's TCP pair, NCCL's abort).
@@ -151,8 +190,8 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     from megatron.core import parallel_state
 
     from megatron_resilience.runtime import data
-    from megatron_resilience.runtime.checkpoint import CheckpointManager
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
+    from megatron_resilience.runtime.local_checkpoint import build_checkpoints
     from megatron_resilience.runtime.loop import TrainContext
     from megatron_resilience.runtime.metrics import (
         MetricsLogger,
@@ -181,14 +220,20 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     datasets = data.build_datasets(config, global_batch_size=gbs)
     timeline.mark("data")
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler)
-    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir)
+    checkpoints = build_checkpoints(config, dist=dist)
     resumed = checkpoints.load_latest(state)
     timeline.mark("checkpoint_load")
     attempt = attempt_info()
     logged = last_logged_step(config.run_dir) if dist.rank == 0 else None
     metrics = MetricsLogger(config.run_dir, enabled=dist.rank == 0, max_steps=config.train.max_steps)
+    if attempt["inprocess_restart"]:
+        from megatron_resilience.resilience import inprocess
+
+        metrics.event("inprocess_restart", **inprocess.restart_record(),
+                      began_time=timeline.marks.get("entered"), restored_from=dict(checkpoints.resumed_from))
     metrics.event("start", step=state.step, consumed_samples=state.consumed_samples, resumed=resumed,
-                  resumed_from=checkpoints.latest_step if resumed else None, attempt=attempt, last_logged_step=logged,
+                  resumed_from=checkpoints.resumed_from["step"] if resumed else None,
+                  resumed_tier=checkpoints.resumed_from["tier"], attempt=attempt, last_logged_step=logged,
                   world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp,
                   versions=upstream.installed_versions(), setup=timeline.record())
     if dist.rank == 0:

@@ -1,4 +1,12 @@
-"""Checkpointing with Megatron-Core dist_checkpointing: where, how often, how many to keep."""
+"""Checkpointing with Megatron-Core dist_checkpointing: where, how often, how many to keep.
+
+Two tiers: the persistent one (``save``/``save_interval``, a shared filesystem) and an optional
+non-persistent one (``local_dir``/``local_interval``: each rank's part on node-local storage, replicated to
+``replication_factor - 1`` peers ``replication_jump`` ranks away, i.e. on other nodes), saved more often
+because it is cheap. Resume takes the newest complete checkpoint of either tier (runtime/local_checkpoint.py).
+Names follow Megatron-LM's ``--non-persistent-local-ckpt-dir``, ``--non-persistent-save-interval``,
+``--replication-factor`` and ``--replication-jump``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +27,11 @@ class CheckpointConfig:
     # after writing and before it is committed, to rehearse a preemption signal during a save, or a save at the
     # signal that cannot finish before the launcher kills the ranks. 0 = off.
     simulated_slow_save: float = 0.0
+    local_dir: str | None = None  # node-local folder of the non-persistent tier; None -> no local checkpoints
+    local_interval: int | None = None  # steps between local saves (None -> no local saves)
+    local_keep_last_n: int = 1  # local checkpoints kept per rank (the local tier's own keep-last-N)
+    replication_factor: int = 1  # ranks holding each rank's local part, itself included; 1 -> no replicas
+    replication_jump: int | None = None  # rank distance to a replica; None -> ranks per node (replicas on other nodes)
 
     def __post_init__(self) -> None:
         check_types(self, "checkpoint")
@@ -34,7 +47,33 @@ class CheckpointConfig:
             fail("checkpoint.save", "must be set when checkpoint.save_interval is set", None)
         if self.async_save and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.async_save is true", None)
+        if self.local_dir == "":
+            fail("checkpoint.local_dir", "must be a directory path or None", "")
+        check_int("checkpoint.local_interval", self.local_interval, minimum=1, allow_none=True)
+        check_int("checkpoint.local_keep_last_n", self.local_keep_last_n, minimum=1)
+        check_int("checkpoint.replication_factor", self.replication_factor, minimum=1)
+        check_int("checkpoint.replication_jump", self.replication_jump, minimum=1, allow_none=True)
+        if self.local_interval is not None and self.local_dir is None:
+            fail("checkpoint.local_dir", "must be set when checkpoint.local_interval is set", None)
+        if self.local_dir is not None and self.local_interval is None:
+            fail("checkpoint.local_interval", "must be set when checkpoint.local_dir is set", None)
+        if self.replication_factor > 1 and self.local_dir is None:
+            fail("checkpoint.replication_factor", "needs checkpoint.local_dir (replicas are of local checkpoints)",
+                 self.replication_factor)
+        if self.replication_jump is not None and self.replication_factor == 1:
+            fail("checkpoint.replication_jump", "needs checkpoint.replication_factor > 1", self.replication_jump)
 
     @property
     def load_dir(self) -> str | None:
         return self.load or self.save
+
+    def replication_groups_fit(self, world_size: int, ranks_per_node: int) -> str | None:
+        """Why the replication settings cannot split ``world_size`` ranks into replica groups (None: they can)."""
+        if self.replication_factor == 1:
+            return None
+        jump = self.replication_jump or ranks_per_node
+        span = jump * self.replication_factor
+        if world_size % span:
+            return (f"world size {world_size} is not a multiple of checkpoint.replication_jump x "
+                    f"checkpoint.replication_factor = {jump} x {self.replication_factor} = {span}")
+        return None

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
+from megatron_resilience.config.inprocess import InProcessConfig
 from megatron_resilience.config.model import ModelConfig
 from megatron_resilience.config.optimizer import OptimizerConfig
 from megatron_resilience.config.parallel import ParallelConfig
 from megatron_resilience.config.resilience import FaultToleranceConfig, RerunConfig, StragglerConfig
 from megatron_resilience.config.training import TrainingConfig
 
-SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun")
+SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun", "inprocess")
 
 
 @dataclass(kw_only=True)
@@ -28,6 +29,7 @@ class PretrainConfig:
     ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     rerun: RerunConfig = field(default_factory=RerunConfig)
+    inprocess: InProcessConfig = field(default_factory=InProcessConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_dir, str) or not self.run_dir:
@@ -35,7 +37,7 @@ class PretrainConfig:
         expected = {
             "model": ModelConfig, "parallel": ParallelConfig, "data": DataConfig, "optim": OptimizerConfig,
             "train": TrainingConfig, "checkpoint": CheckpointConfig, "ft": FaultToleranceConfig,
-            "straggler": StragglerConfig, "rerun": RerunConfig,
+            "straggler": StragglerConfig, "rerun": RerunConfig, "inprocess": InProcessConfig,
         }
         for name, cls in expected.items():
             if not isinstance(getattr(self, name), cls):

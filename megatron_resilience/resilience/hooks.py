@@ -71,6 +71,8 @@ class ResilienceHooks(TrainingHooks):
         self.last_step = 0
         self.start_step = 0
         self._closed = False
+        # Called after every step, eval pass and save: in-process restart's progress ping (resilience/inprocess.py)
+        self.progress: Callable[[], None] = lambda: None
 
     # --- setup ----------------------------------------------------------------------------------------------
 
@@ -105,6 +107,7 @@ class ResilienceHooks(TrainingHooks):
         with section:
             self.fault.at_step_start(step)
             yield
+        self.progress()
         self.last_step = step
         self._phase(f"after step {step}", step)
 
@@ -114,6 +117,7 @@ class ResilienceHooks(TrainingHooks):
     @contextmanager
     def eval_section(self) -> Iterator[None]:
         yield
+        self.progress()
         if self.ft is not None:
             self.ft.after_eval()
 
@@ -124,6 +128,7 @@ class ResilienceHooks(TrainingHooks):
         with section:
             self.fault.in_checkpointing(self.last_step)
             yield
+        self.progress()
         self._phase(f"after step {self.last_step}", self.last_step)
 
     def stop_requested(self, state: TrainState) -> str | None:
