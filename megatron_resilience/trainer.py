@@ -22,7 +22,6 @@ from megatron_resilience import upstream
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.resilience import build_hooks
-from megatron_resilience.resilience.exit_codes import RESUME_TO_DISAMBIGUATE
 from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
@@ -112,8 +111,9 @@ def _train(config: PretrainConfig, rank: int, world_size: int, start_time: float
            call_wrapper) -> int | None:
     """Hooks, setup, the loop, teardown: one call of the training function. Returns a rerun exit code or None.
 
-    Under in-process restart (``call_wrapper`` set) every exception propagates, so the wrapper restarts; a lost
-    peer is part of every in-process restart, and the rerun state machine's exit 16 becomes a restart too.
+    Under in-process restart (``call_wrapper`` set) every exception propagates, so the wrapper restarts (a lost
+    peer is part of every in-process restart). Exit codes are the process's: the rerun state machine's 16 asks
+    for the step to be re-run on other hardware, which an in-process restart cannot give.
     """
     hooks = build_hooks(config, rank=rank, world_size=world_size)
     if call_wrapper is not None:
@@ -148,12 +148,6 @@ def _train(config: PretrainConfig, rank: int, world_size: int, start_time: float
         raise SystemExit(1) from None
     finally:
         _teardown()
-    if call_wrapper is not None and exit_code == RESUME_TO_DISAMBIGUATE:
-        from megatron_resilience.resilience import inprocess
-
-        err = inprocess.RerunRestart(exit_code)
-        inprocess.note_own_exception(err)
-        raise err
     return exit_code
 
 

@@ -73,7 +73,8 @@ TASK_CASES = [
     (["ft.mode=always"], "ft.mode: must be one of ['sections', 'heartbeats'], got 'always'", ALL),
     (["ft.min_learned_timeout=0"], "ft.min_learned_timeout: must be a number > 0, got 0.0", ALL),
     (["ft.simulated_fault_type=rank_slow"],
-     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception', 'rank_stalled'], "
+     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception', 'rank_stalled', "
+     "'nan'], "
      "got 'rank_slow'", ALL),
     (["ft.simulated_fault_step=999"], "ft.simulated_fault_step: must be <= train.max_steps=50, got 999", ALL),
     (["ft.simulated_fault_section=checkpointing"],

@@ -37,7 +37,10 @@ class InProcessConfig:
     barrier_timeout: float = 120.0  # the wrapper's own barriers (restart, termination)
     completion_timeout: float = 120.0  # every rank must return from training within this of the first
     monitor_thread_interval: float = 1.0
-    monitor_process_interval: float = 1.0
+    # The monitor process checks the soft and hard timeouts only when no progress message came within its
+    # interval (nvidia-resiliency-ext 0.4.1-0.7.0): with the progress watchdog sending one per interval of its
+    # own, an equal interval (Megatron-LM's 1.0/1.0) postpones the checks indefinitely. Hence the order below.
+    monitor_process_interval: float = 0.5
     progress_watchdog_interval: float = 1.0
     last_call_wait: float = 1.0  # after a fault, time for other ranks to report theirs (one restart for all)
     termination_grace_time: float = 5.0  # SIGTERM -> SIGKILL of a rank past the hard timeout
@@ -59,7 +62,8 @@ class InProcessConfig:
                                 ("monitor_process_interval", "heartbeat_timeout"),
                                 ("monitor_process_interval", "soft_timeout"),
                                 ("monitor_thread_interval", "soft_timeout"),
-                                ("progress_watchdog_interval", "soft_timeout")):
+                                ("progress_watchdog_interval", "soft_timeout"),
+                                ("monitor_process_interval", "progress_watchdog_interval")):
             if not getattr(self, smaller) < getattr(self, larger):
                 fail(f"inprocess.{smaller}", f"must be < inprocess.{larger}={getattr(self, larger):g}",
                      getattr(self, smaller))

@@ -84,7 +84,7 @@ MEANING = {
     "ft.calc_ft_timeouts": "learn timeouts from the run and keep them in ft_state.json",
     "ft.min_learned_timeout": "seconds; learned timeouts are never shorter",
     "ft.simulate_fault": "inject a fault to test the setup (first attempt only)",
-    "ft.simulated_fault_type": "rank_hung, rank_killed, random, exception or rank_stalled",
+    "ft.simulated_fault_type": "rank_hung, rank_killed, random, exception, rank_stalled or nan",
     "ft.simulated_fault_exception": "exception fault: cuda_oom, nccl_timeout or nccl_error",
     "ft.simulated_fault_repeat": "fire the simulated fault on every attempt, not only the first",
     "ft.simulated_fault_rank": "rank that faults; null = a random rank",

@@ -21,6 +21,11 @@ and a GC pause, a slow filesystem or a busier node would get healthy ranks kille
 
 Not under ft_launcher (no ``FT_RANK_MONITOR_IPC_SOCKET``): one log line, and
 every call is a no-op.
+
+With in-process restart (``keep_connection``) the process keeps one connection to its rank monitor for its
+whole life: a restarted training function takes it over with every section closed, instead of connecting
+again (the monitor takes a second connection of the same process for a restart of the worker group, and a
+lost connection during one as an abort: section messages then fail).
 """
 
 from __future__ import annotations
@@ -41,9 +46,13 @@ WARMUP_STEPS = 1  # per process: the first step is out of section
 MIN_STEPS_FOR_STEP_TIMEOUT = 16  # observed step sections before the step timeout is learned
 
 
+_KEPT: dict[str, object] = {}  # "client": the connection kept across in-process restarts
+
+
 class FaultTolerance:
     def __init__(self, cfg: FaultToleranceConfig, *, rank: int, save_dir: str | None, load_dir: str | None,
-                 async_save: bool) -> None:
+                 async_save: bool, keep_connection: bool = False) -> None:
+        self.keep_connection = keep_connection
         self.cfg = cfg
         self.rank = rank
         self.save_dir = save_dir
@@ -71,12 +80,18 @@ class FaultTolerance:
                 self.log.warning("ft.enabled=true but this process was not started by ft_launcher "
                                  f"({RANK_MONITOR_SOCKET_ENV} is not set): hang detection is off for this run")
             return
-        ft = upstream.import_fault_tolerance()
-        client = ft.RankMonitorClient()
-        state = self._read_state()
-        if state is not None:
-            client.load_state_dict(state)
-        client.init_workload_monitoring()
+        client = _KEPT.get("client") if self.keep_connection else None
+        if client is not None:
+            client.end_all_sections()  # a fault may have left setup (or another section) open
+        else:
+            ft = upstream.import_fault_tolerance()
+            client = ft.RankMonitorClient()
+            state = self._read_state()
+            if state is not None:
+                client.load_state_dict(state)
+            client.init_workload_monitoring()
+            if self.keep_connection:
+                _KEPT["client"] = client
         self.client = client
         self.sections = upstream.ft_section_names(client.cfg)
         cfg = client.cfg
@@ -109,6 +124,7 @@ class FaultTolerance:
         if update_timeouts:
             self._maybe_update_timeouts(closing=True)
         self.client.shutdown_workload_monitoring()
+        _KEPT.pop("client", None)
         self.client = None
 
     # --- sections -------------------------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 The recovery ladder (each rung hands over to the next; none loops forever):
 
-1. **In-process restart** - an exception on any rank, a rank that stops making progress (no step, save or
-   eval finished within ``inprocess.soft_timeout``), a rerun state machine exit 16: every rank aborts its
+1. **In-process restart** - an exception on any rank (a NaN the rerun state machine's check rejects, with
+   ``rerun.rerun_mode=disabled``, is one), a rank that stops making progress (no step, save or eval finished
+   within ``inprocess.soft_timeout``): every rank aborts its
    process groups, runs :class:`FinalizeTraining` and calls the training function again in the same process,
    which restores the newest checkpoint (memory, local, persistent) and continues: no new interpreter, no
    imports. Up to ``inprocess.max_iterations`` calls per process.
 2. **Process restart by ft_launcher** - a dead process (killed, lost with its node, or terminated by the
-   wrapper after ``inprocess.hard_timeout``), or an exhausted in-process budget: the training function is not
+   wrapper after ``inprocess.hard_timeout``), an exhausted in-process budget, and the rerun state machine's
+   exit 16 (the suspicious step must be re-run on other hardware): the training function is not
    called again; the survivors exit with code 1 (log line "falling through to a process restart") and
    ft_launcher restarts the worker group (``--max-restarts``), which resumes from the local or persistent tier.
 3. **Job level** - ft_launcher's budget exhausted: the launcher exits non-zero and the batch script's decision
@@ -38,19 +40,12 @@ from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config.ports import JOB_PORT_ENV, PROCESS_GROUP, JobPorts, job_ports
 from megatron_resilience.runtime.job_store import INPROCESS_RESTART_ENV, bind_with_wait
 from megatron_resilience.upstream import nvrx_inprocess
+from megatron_resilience.upstream.pytorch import abort_gloo_connections
 
 log = logging.getLogger("megatron_resilience.inprocess")
 _inprocess = nvrx_inprocess.import_inprocess()  # this module is imported only when in-process restart is on
 
 FALL_THROUGH_EXIT_CODE = 1
-
-
-class RerunRestart(Exception):
-    """The rerun state machine asks for a restart from the checkpoint it just saved (exit code 16)."""
-
-    def __init__(self, exit_code: int) -> None:
-        super().__init__(f"rerun state machine: exit code {exit_code}, restart from its checkpoint")
-        self.exit_code = exit_code
 
 
 class _Fault:
@@ -96,12 +91,9 @@ def restart_record() -> dict:
     """The ``inprocess_restart`` record's fields: why the previous iteration ended, as this rank saw it."""
     iteration = current_iteration()
     fault_time, own = _Fault.previous
-    if isinstance(own, RerunRestart):
-        cause = f"rerun state machine exit {own.exit_code}"
-    else:
-        cause = nvrx_inprocess.interruptions_of(_cause_store(), iteration - 1) if _Fault.store_kwargs else None
-        if cause is None and own is not None:
-            cause = f"{type(own).__name__} on this rank"
+    cause = nvrx_inprocess.interruptions_of(_cause_store(), iteration - 1) if _Fault.store_kwargs else None
+    if cause is None and own is not None:
+        cause = f"{type(own).__name__} on this rank"
     return {"iteration": iteration, "fault_time": fault_time, "cause": cause or "unknown"}
 
 
@@ -155,6 +147,10 @@ class FinalizeTraining(_inprocess.finalize.Finalize):
         return state
 
 
+def _on_cpu(config: PretrainConfig) -> bool:
+    return config.train.device == "cpu" or (config.train.device == "auto" and not torch.cuda.is_available())
+
+
 def _ports(world_size: int) -> JobPorts:
     ports = job_ports(os.environ)
     if ports is not None:
@@ -189,6 +185,12 @@ def run_restartable(config: PretrainConfig, train_once: Callable[[object], int |
             _noted_now()
             return state
 
+    class AbortGloo(inprocess.abort.Abort):  # frees ranks blocked in gloo collectives (upstream/pytorch.py)
+        def __call__(self, state):
+            closed = abort_gloo_connections({ports.process_group, ports.inprocess})
+            log.info("rank %d: in-process restart: shut down %d gloo connection(s)", rank, closed)
+            return state
+
     layers = [inprocess.rank_assignment.Layer(min_ranks=world_size, max_ranks=world_size,
                                               flag=inprocess.rank_assignment.LayerFlag.RESERVE)]
     if ip.granularity == "node":
@@ -207,8 +209,9 @@ def run_restartable(config: PretrainConfig, train_once: Callable[[object], int |
         initialize=inprocess.Compose(
             inprocess.initialize.RetryController(max_iterations=ip.max_iterations, min_world_size=world_size),
             Iteration(), nested.NestedRestarterHandlingCompleted()),
-        abort=inprocess.Compose(inprocess.abort.AbortTorchDistributed(), RecordDetection(),
-                                nested.NestedRestarterHandlingStarting()),
+        abort=inprocess.Compose(  # composed right to left: record, free gloo, abort NCCL and destroy the groups
+            nested.NestedRestarterHandlingStarting(), inprocess.abort.AbortTorchDistributed(),
+            *([AbortGloo()] if _on_cpu(config) else []), RecordDetection()),
         finalize=FinalizeTraining(ip.empty_cuda_cache),
         health_check=(inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10))
                       if torch.cuda.is_available() else None),

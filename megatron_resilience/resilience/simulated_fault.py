@@ -6,7 +6,9 @@ end); ``random`` picks one of the two. ``rank_stalled`` stops the rank's progres
 while it stays alive and responsive (a wait in Python that never ends, as a rank
 polling for a peer that never answers): the in-process restart's soft timeout
 interrupts it and every rank restarts in-process; without in-process restart FT's
-section timeout ends it like a hang. ``exception`` makes the rank die the way
+section timeout ends it like a hang. ``nan`` corrupts one weight of the rank's model to NaN (silent data
+corruption): its loss is NaN and the rerun state machine's NaN check rejects it (``rerun.rerun_mode=disabled``:
+the rank raises; an in-process restart restores the weights from a checkpoint). ``exception`` makes the rank die the way
 a real failure kills it, with the same output, so the job-level classifier
 sees what it would see on a cluster (``ft.simulated_fault_exception``):
 ``cuda_oom`` raises ``torch.OutOfMemoryError`` with PyTorch's message (uncaught:
@@ -65,8 +67,9 @@ class SimulatedFault:
         self.target: int | None = None
         self.fire_step: int | None = cfg.simulated_fault_step
 
-    def arm(self, start_step: int) -> None:
+    def arm(self, start_step: int, model=None) -> None:
         """After setup (collective when the rank is drawn at random): decide whether and where to fire."""
+        self.model = model  # the ``nan`` fault corrupts one of its weights
         if not self.cfg.simulate_fault:
             return
         target = self.cfg.simulated_fault_rank
@@ -130,6 +133,13 @@ class SimulatedFault:
         sys.stdout.flush()
         if self.kind.startswith("exception:"):
             die_like_the_real_thing(self.kind.split(":", 1)[1], rank=self.rank, step=step)
+        if self.kind == "nan":
+            import torch
+
+            param = next(p for chunk in self.model for p in chunk.parameters())
+            with torch.no_grad():
+                param.view(-1)[0] = float("nan")
+            return
         if self.kind == "rank_stalled":
             while True:  # alive, responsive, and never done: only a timeout ends it
                 time.sleep(0.05)
