@@ -118,6 +118,8 @@ def _train(config: PretrainConfig, rank: int, world_size: int, start_time: float
     hooks = build_hooks(config, rank=rank, world_size=world_size)
     if call_wrapper is not None:
         hooks.progress = call_wrapper.ping
+        if getattr(hooks, "ft", None) is not None:  # messages to ft_launcher's rank monitor are never cut in two
+            hooks.ft.atomic = call_wrapper.atomic
     exit_code = None
     try:
         with hooks.setup_section():

@@ -25,16 +25,19 @@ every call is a no-op.
 With in-process restart (``keep_connection``) the process keeps one connection to its rank monitor for its
 whole life: a restarted training function takes it over with every section closed, instead of connecting
 again (the monitor takes a second connection of the same process for a restart of the worker group, and a
-lost connection during one as an abort: section messages then fail).
+lost connection during one as an abort: section messages then fail). Each message to the monitor is then sent
+inside the wrapper's ``atomic()`` block, so the restart's asynchronous interrupt never lands between a message
+and its reply (which would leave the connection out of step for the next call).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, ContextManager, Iterator
 
 from megatron_resilience import upstream
 from megatron_resilience.config.resilience import FaultToleranceConfig
@@ -53,6 +56,7 @@ class FaultTolerance:
     def __init__(self, cfg: FaultToleranceConfig, *, rank: int, save_dir: str | None, load_dir: str | None,
                  async_save: bool, keep_connection: bool = False) -> None:
         self.keep_connection = keep_connection
+        self.atomic: Callable[[], ContextManager] = contextlib.nullcontext  # in-process restart: CallWrapper.atomic
         self.cfg = cfg
         self.rank = rank
         self.save_dir = save_dir
@@ -82,7 +86,8 @@ class FaultTolerance:
             return
         client = _KEPT.get("client") if self.keep_connection else None
         if client is not None:
-            client.end_all_sections()  # a fault may have left setup (or another section) open
+            with self.atomic():
+                client.end_all_sections()  # a fault may have left setup (or another section) open
         else:
             ft = upstream.import_fault_tolerance()
             client = ft.RankMonitorClient()
@@ -256,11 +261,13 @@ class FaultTolerance:
 
     def _open(self, name: str) -> None:
         if self._monitored(name):
-            self.client.start_section(name)
+            with self.atomic():
+                self.client.start_section(name)
 
     def _close(self, name: str) -> None:
         if self._monitored(name):
-            self.client.end_section(name)
+            with self.atomic():
+                self.client.end_section(name)
 
     def _monitored(self, name: str) -> bool:
         if not self.active or self.cfg.mode != "sections":
@@ -271,7 +278,8 @@ class FaultTolerance:
 
     def _heartbeat(self) -> None:
         if self.active and self.cfg.mode == "heartbeats":
-            self.client.send_heartbeat()
+            with self.atomic():
+                self.client.send_heartbeat()
 
 
 def floor_timeouts_dict(timeouts: dict, floor: float) -> list[tuple[str, float]]:

@@ -38,7 +38,7 @@ import torch
 
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config.ports import JOB_PORT_ENV, PROCESS_GROUP, JobPorts, job_ports
-from megatron_resilience.runtime.job_store import INPROCESS_RESTART_ENV, bind_with_wait
+from megatron_resilience.runtime.job_store import INPROCESS_RESTART_ENV, bind_with_wait, job_key
 from megatron_resilience.upstream import nvrx_inprocess
 from megatron_resilience.upstream.pytorch import abort_gloo_connections
 
@@ -101,24 +101,21 @@ def _store_class():
     import torch.distributed
     from nvidia_resiliency_ext.inprocess.store import StoreMixin
 
-    class JobStore(torch.distributed.TCPStore, StoreMixin):
-        """The wrapper's store on the job's in-process port: hosted by rank 0's main process (``host_pid``; -1 on
-        the other ranks), a client everywhere else, including rank 0's monitor process (forked before the store
-        exists)."""
+    class JobStore(torch.distributed.PrefixStore, StoreMixin):
+        """The wrapper's store: a TCP store on the job's in-process port, under the job's key prefix. Hosted by
+        rank 0's main process (``host_pid``; -1 on the other ranks), a client everywhere else, including rank 0's
+        monitor process (forked before the store exists)."""
 
         def __init__(self, *, host_name: str, port: int, world_size: int, timeout: datetime.timedelta,
                      host_pid: int) -> None:
             is_host = os.getpid() == host_pid
 
-            def create():
-                super(JobStore, self).__init__(host_name, port, world_size, is_host, timeout=timeout,
-                                               wait_for_workers=False)
-                return self
+            def tcp():
+                return torch.distributed.TCPStore(host_name, port, world_size, is_host, timeout=timeout,
+                                                  wait_for_workers=False)
 
-            if is_host:
-                bind_with_wait(create, port, "in-process restart store")
-            else:
-                create()
+            self.tcp = bind_with_wait(tcp, port, "in-process restart store") if is_host else tcp()
+            super().__init__(f"{job_key()}/inprocess", self.tcp)
 
         @property
         def critical_ranks(self):
@@ -241,7 +238,7 @@ def run_restartable(config: PretrainConfig, train_once: Callable[[object], int |
     train.__annotations__ = {"call_wrapper": inprocess.CallWrapper}  # the wrapper passes itself to this parameter
     try:
         return wrapper(train)()
-    except inprocess.exception.RestartAbort as err:
-        log.error("rank %d: in-process restart cannot continue (%s); falling through to a process restart: exiting "
-                  "with code %d", rank, str(err).strip() or type(err).__name__, FALL_THROUGH_EXIT_CODE)
+    except (inprocess.exception.RestartAbort, inprocess.exception.RestartError) as err:
+        log.error("rank %d: %s: falling through to a process restart (exit code %d)", rank,
+                  nvrx_inprocess.why_restarts_ended(err), FALL_THROUGH_EXIT_CODE)
         return FALL_THROUGH_EXIT_CODE

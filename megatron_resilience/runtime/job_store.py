@@ -53,6 +53,15 @@ def _ephemeral_range() -> tuple[int, int] | None:
         return None
 
 
+def job_key(env=None) -> str:
+    """Prefix of every key this job (and this worker-group cycle) writes to its stores: a client that reached
+    another job's store by mistake (two jobs sharing a port block) waits for keys that never come and fails,
+    instead of joining that job's groups."""
+    env = os.environ if env is None else env
+    return (f"megatron_resilience/{env.get('SLURM_JOB_ID', '-')}/{env.get('TORCHELASTIC_RUN_ID', '-')}/"
+            f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+
+
 def bind_with_wait(create: Callable[[], T], port: int, what: str) -> T:
     """``create()`` a store that binds ``port``, waiting up to BIND_WAIT_S while the port is still in use (a killed
     predecessor's forked children hold it briefly); any other failure, or a port that stays taken, is an error
@@ -95,7 +104,7 @@ def process_group_store(ports: JobPorts, *, rank: int, world_size: int,
                      "MASTER_PORT", ports.process_group, ports.describe())
         _stores[key] = host_or_connect(os.environ["MASTER_ADDR"], ports.process_group, rank=rank,
                                        world_size=world_size, timeout=timeout, what="process-group store")
-    prefix = f"megatron_resilience/pg/{os.environ.get(INPROCESS_RESTART_ENV, '0')}"
+    prefix = f"{job_key()}/pg/{os.environ.get(INPROCESS_RESTART_ENV, '0')}"
     while prefix in _prefixes_used:  # a second init in one iteration (tests): never reuse an earlier one's keys
         prefix += "+"
     _prefixes_used.add(prefix)

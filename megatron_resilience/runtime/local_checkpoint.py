@@ -125,6 +125,11 @@ class LocalTier:
             tasd = copy.deepcopy(_MEMORY[self.session][1])  # the restored model must not alias the kept copy
         else:
             self.manager.find_latest()
+            missing = self.manager.ranks_without_own_part(step)
+            if missing and _rank() == 0:
+                log.warning("checkpoint: the local parts of rank(s) %s for step %d are not on their nodes (a lost or "
+                            "replaced node): fetching them from their replicas (groups %s)", missing, step,
+                            self.cliques)
             tasd, _ = self.manager.load()
         common = tasd.common_state_dict
         template = checkpoint_state.loading_template(state, checkpoint_state.SHARDING_METADATA,
@@ -145,6 +150,24 @@ class LocalTier:
         if removed and _rank() == 0:
             log.info("checkpoint: local checkpoints of step %d and later discarded (the persistent checkpoint of "
                      "step %d carries the rerun state machine's diagnosis)", step, step)
+
+
+def choose_tier(steps: dict[str, int | None]) -> tuple[str, int, str] | None:
+    """(tier, step, why) of the checkpoint to resume from, given each tier's newest complete step (None: none).
+
+    The newest step wins; on equal steps the cheapest tier (memory, local, persistent); older ones are ignored.
+    """
+    available = {tier: step for tier, step in steps.items() if step is not None}
+    if not available:
+        return None
+    newest = max(available.values())
+    tier = next(t for t in TIERS if available.get(t) == newest)
+    why = "the newest" if list(available.values()).count(newest) == 1 else \
+        "the newest; on equal steps the cheapest tier is read"
+    older = ", ".join(t for t in TIERS if t in available and available[t] < newest)
+    found = ", ".join(f"{t} {'none' if steps.get(t) is None else f'step {steps[t]}'}" for t in TIERS)
+    ignored = f"; older, ignored: {older}" if older else ""
+    return tier, newest, f"{why}{ignored}; found: {found}"
 
 
 class TieredCheckpoints:
@@ -210,19 +233,13 @@ class TieredCheckpoints:
         steps = {"memory": self.local.newest_memory() if self.local.keep_in_memory else None,
                  "local": self.local.newest_local(),
                  "persistent": self.persistent.newest_complete_step()}
-        available = {tier: step for tier, step in steps.items() if step is not None}
-        if not available:
+        choice = choose_tier(steps)
+        if choice is None:
             self.resumed_from = {"tier": None, "step": None}
             return self.persistent.load_latest(state)  # nothing anywhere: its "starting from step 0" line
-        newest = max(available.values())
-        tier = next(t for t in TIERS if available.get(t) == newest)
+        tier, newest, why = choice
         if _rank() == 0:
-            found = ", ".join(f"{t} {'none' if s is None else f'step {s}'}" for t, s in steps.items())
-            why = "the newest" if list(available.values()).count(newest) == 1 else \
-                "the newest; on equal steps the cheapest tier is read"
-            older = [t for t, s in available.items() if s < newest]
-            log.info("checkpoint: resuming from the %s checkpoint of step %d (%s%s; found: %s)", tier, newest, why,
-                     f"; older, ignored: {', '.join(older)}" if older else "", found)
+            log.info("checkpoint: resuming from the %s checkpoint of step %d (%s)", tier, newest, why)
         if tier == "persistent":
             resumed = self.persistent.load_latest(state)
             newest = self.persistent.latest_step

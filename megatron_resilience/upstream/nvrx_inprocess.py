@@ -75,3 +75,22 @@ def interruptions_of(store: Any, iteration: int) -> str | None:
     except Exception:  # noqa: BLE001 - attribution is best effort
         return None
     return describe_interruptions(format_interruption_records(records)) if records else None
+
+
+_RETRY = re.compile(r"iteration=(\d+)\s+self\.max_iterations=(\d+)\s+state\.world_size=(\d+)\s+"
+                    r"self\.min_world_size=(\d+)")
+
+
+def why_restarts_ended(err: BaseException) -> str:
+    """Why the wrapper stopped restarting (``RetryController``'s ``RestartAbort``, or a rank assignment that
+    discarded this rank), in the words of our settings."""
+    text = str(err)
+    match = _RETRY.search(text)
+    if match:
+        iteration, limit, world, minimum = map(int, match.groups())
+        if iteration >= limit:
+            return f"in-process budget exhausted (inprocess.max_iterations={limit})"
+        if world < minimum:
+            return f"a rank was lost (world size {world} of {minimum}; a dead process is restarted by the launcher)"
+    return f"{type(err).__name__}: {text.strip()}" if text.strip() else type(err).__name__
+

@@ -95,10 +95,10 @@ def local_checkpoint_manager(root: str, session_id: str, *, keep_last_n: int, st
 
     class KeepLastN(LocalCheckpointManager):
         def _cleanup(self, iteration):  # upstream: after a complete save of `iteration`, delete every older one
-            steps = sorted({step for step, _ in self.files()})
-            keep = set(steps[-keep_last_n:]) | {iteration}
+            complete = sorted({step for step, path in self.files() if step <= iteration and ".dirty" not in path.name})
+            keep = set(complete[-keep_last_n:]) | {iteration}
             for step, path in self.files():
-                if step not in keep and step < iteration:
+                if step < iteration and (step not in keep or ".dirty" in path.name):
                     path.unlink(missing_ok=True)
 
         def files(self) -> list[tuple[int, Path]]:
@@ -108,6 +108,13 @@ def local_checkpoint_manager(root: str, session_id: str, *, keep_last_n: int, st
                 return []
             return [(int(m.group(1)), folder / name) for name in sorted(p.name for p in folder.iterdir())
                     if (m := _FILE.match(name))]
+
+        def ranks_without_own_part(self, step: int) -> list[int]:
+            """After ``find_latest()``: the ranks whose own part of ``step`` is not on their node (each is fetched
+            from a replica by ``load()``)."""
+            available = getattr(self, "globally_available_ids", None) or []
+            return [rank for rank, ids in enumerate(available)
+                    if not any(i[0] == step and i[1] == rank for i in ids)]
 
         def discard_from(self, step: int) -> list[str]:
             """Delete this rank's files of ``step`` and later (superseded by a persistent checkpoint)."""

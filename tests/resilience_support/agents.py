@@ -23,14 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilience_support.launch import REPO, VENV_BIN, write_ft_yaml
+from resilience_support.ports import PortBlock, reserve
 
 from megatron_resilience.runtime.metrics import read_metrics
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def process_tree(pid: int) -> list[int]:
@@ -48,6 +43,13 @@ def process_tree(pid: int) -> list[int]:
         for child in children:
             out += process_tree(int(child))
     return out
+
+
+def free_port() -> int:
+    """A port free now (released again: for what a test hands to nemo_run, not for the trainer's stores)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @dataclass
@@ -77,6 +79,7 @@ class TwoAgentRun:
     agents: list[Agent]
     lost: dict = field(default_factory=dict)  # what lose_node/freeze_node did: node index, wall time, pids
     extra: dict = field(default_factory=dict)
+    ports: PortBlock | None = None
 
     @property
     def flag(self) -> Path:
@@ -127,6 +130,8 @@ class TwoAgentRun:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise AssertionError(f"agent {agent.index} did not finish within {timeout}s:\n{self.log()[-6000:]}")
+        if self.ports is not None and all(a.proc.poll() is not None for a in self.agents):
+            self.ports.release()
 
     def kill(self) -> None:
         """Kill every process both agents started (incl. stopped ones); leaves nothing behind."""
@@ -141,16 +146,20 @@ class TwoAgentRun:
 
 
 def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int, max_restarts: int = 1,
-                      timeouts: dict | None = None) -> TwoAgentRun:
+                      timeouts: dict | None = None, extra_env: dict[str, str] | None = None) -> TwoAgentRun:
     """Start two ft_launcher agents (one rank each) for ``-m megatron_resilience run_dir=... <overrides>``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {})
-    endpoint = f"127.0.0.1:{free_port()}"
+    block = None if "MEGATRON_RESILIENCE_JOB_PORT" in (extra_env or {}) else reserve()
+    extra_env = {**(block.env() if block else {}), "TORCH_CPP_LOG_LEVEL": "error", **(extra_env or {})}
+    # The agents' rendezvous on the block's rendezvous port (base + 0), as the plugin renders it for Slurm jobs.
+    endpoint = f"127.0.0.1:{int(extra_env['MEGATRON_RESILIENCE_JOB_PORT'])}"
     agents = []
     for index in range(2):
         env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", PET_RDZV_CONF=f"join_timeout={join_timeout},is_host={int(index == 0)}")
+                   OMP_NUM_THREADS="1", PET_RDZV_CONF=f"join_timeout={join_timeout},is_host={int(index == 0)}",
+                   **(extra_env or {}))
         cmd = [str(VENV_BIN / "ft_launcher"), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_dir.name}", f"--max-restarts={max_restarts}",
                "--monitor-interval=0.5", "--workers-stop-timeout=15", f"--ft-cfg-path={cfg}",
@@ -161,4 +170,4 @@ def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int,
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         agents.append(Agent(index=index, proc=proc, log_path=log_path))
-    return TwoAgentRun(run_dir=run_dir, agents=agents)
+    return TwoAgentRun(run_dir=run_dir, agents=agents, ports=block)
