@@ -97,8 +97,9 @@ def _budget(root):
 
 def _lost_node(root):
     run_dir = root / "lost_node"
+    # the first run stops at step 10 of the reference's schedule (the learning rate decays over 16 steps)
     common = [f"checkpoint.local_dir={run_dir / 'local'}", "checkpoint.local_interval=2",
-              "checkpoint.replication_factor=2", "checkpoint.save_on_exit=false"]
+              "checkpoint.replication_factor=2", "checkpoint.save_on_exit=false", f"optim.lr_decay_steps={STEPS}"]
     first = launch_two_agents(run_dir, common + ["train.max_steps=10"], join_timeout=300, max_restarts=0)
     first.wait(WAIT)
     rank1 = glob.glob(str(run_dir / "local" / "*" / "1"))
@@ -117,7 +118,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("inprocess")
     jobs = {"reference": _reference, "exception_killed": _exception_then_killed, "stalled": _stalled, "nan": _nan,
             "hung": _hung, "budget": _budget, "lost_node": _lost_node}
-    pool = ThreadPoolExecutor(max_workers=4)
+    pool = ThreadPoolExecutor(max_workers=len(jobs))
     futures = {name: pool.submit(fn, root) for name, fn in jobs.items()}
     yield futures
     pool.shutdown(wait=True)

@@ -86,8 +86,10 @@ class FaultTolerance:
             return
         client = _KEPT.get("client") if self.keep_connection else None
         if client is not None:
-            with self.atomic():
-                client.end_all_sections()  # a fault may have left setup (or another section) open
+            with self.atomic():  # a fault may have left setup (or another section) open
+                closed = upstream.ft_end_all_sections(client)
+            if closed:
+                self.log.info(f"FT: closed section(s) {closed} left open by the interrupted training function")
         else:
             ft = upstream.import_fault_tolerance()
             client = ft.RankMonitorClient()

@@ -49,7 +49,14 @@ def nvml_available() -> bool:
 def make_wrapper(*, hardware_health_checks: bool, **kwargs: Any):
     """``inprocess.Wrapper(**kwargs)``; without ``hardware_health_checks`` only the given ``health_check`` runs
     before a restart (0.7 adds NVML-based checks itself; on 0.4.1 there are none to remove)."""
-    wrapper = import_inprocess().Wrapper(**kwargs)
+    import os
+
+    local_rank = None if hardware_health_checks else os.environ.pop("LOCAL_RANK", None)
+    try:  # 0.7 builds its NVML checks in the constructor, when LOCAL_RANK is set (logging NVML errors without it)
+        wrapper = import_inprocess().Wrapper(**kwargs)
+    finally:
+        if local_rank is not None:
+            os.environ["LOCAL_RANK"] = local_rank
     if not hardware_health_checks and hasattr(wrapper, "restart_health_check"):
         wrapper.restart_health_check = kwargs.get("health_check")
     return wrapper

@@ -132,8 +132,8 @@ def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeou
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor, heartbeats=heartbeats)
     block = None if JOB_PORT_ENV in (env or {}) else reserve()
-    env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="error", **(block.env() if block else {}), **(env or {}))
+    env = {**os.environ, "FAULT_TOL_FINISHED_FLAG_FILE": str(run_dir / "finished.flag"), "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "error", **(block.env() if block else {}), **(env or {})}
     if fake_cupti:
         env["PYTHONPATH"] = os.pathsep.join([str(FAKE_CUPTI), env.get("PYTHONPATH", "")])
     cmd = [str(VENV_BIN / "ft_launcher"), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
