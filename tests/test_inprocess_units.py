@@ -31,7 +31,8 @@ def test_defaults_are_valid_and_megatron_lm_names_are_ours():
                                     "inprocess_restart.hard_timeout=9", "inprocess_restart.granularity=rank",
                                     "checkpoint.non_persistent_local_ckpt_dir=/local",
                                     "checkpoint.non_persistent_save_interval=3"])
-    assert (bridge.inprocess.enabled, bridge.inprocess.soft_timeout, bridge.inprocess.granularity) == (True, 5.0, "rank")
+    ip = bridge.inprocess
+    assert (ip.enabled, ip.soft_timeout, ip.granularity) == (True, 5.0, "rank")
     assert (bridge.checkpoint.local_dir, bridge.checkpoint.local_interval) == ("/local", 3)
 
 
@@ -156,7 +157,8 @@ def test_causes_and_the_end_of_restarts_in_our_words():
     lost = RestartAbort("state.iteration=1 self.max_iterations=3 state.world_size=1 self.min_world_size=2 "
                         "state.active_world_size=1 self.min_active_world_size=1 ")
     assert why_restarts_ended(budget) == "in-process budget exhausted (inprocess.max_iterations=3)"
-    assert why_restarts_ended(lost) == "a rank was lost (world size 1 of 2; a dead process is restarted by the launcher)"
+    assert why_restarts_ended(lost) == ("a rank was lost (world size 1 of 2; a dead process is restarted by the "
+                                        "launcher)")
 
 
 # --- tiers --------------------------------------------------------------------------------------------------------

@@ -83,4 +83,4 @@ def overlaps_ephemeral(ports: JobPorts, ephemeral: tuple[int, int]) -> bool:
 
 def slurm_block_base_shell() -> str:
     """The bash expression the batch script exports as JOB_PORT_ENV (the same arithmetic as ``block_base``)."""
-    return f"$(( {PORT_RANGE_START} + SLURM_JOB_ID % {BLOCKS} * {PORTS_PER_JOB} ))"
+    return f"$(({PORT_RANGE_START}+SLURM_JOB_ID%{BLOCKS}*{PORTS_PER_JOB}))"
