@@ -59,7 +59,8 @@ def test_our_trainer_gets_its_keys_and_slurm_keeps_the_survivors(tmp_path, caplo
             "first; srun takes the last: a rank that dies must not make srun kill the ranks the in-process wrapper "
             "keeps alive)") in logged
     assert ("FaultTolerancePlugin: inprocess_restart: restart_policy -> 'min-healthy' (ft_launcher restarts the "
-            "workers only when too few nodes are healthy; the in-process wrapper handles faults of live ranks)") in logged
+            "workers only when too few nodes are healthy; the in-process wrapper handles faults of live "
+            "ranks)") in logged
 
 
 def test_from_nvrx_0_6_only_any_failed_exists_and_the_log_says_what_that_means(tmp_path, caplog):
