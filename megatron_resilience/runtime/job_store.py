@@ -54,12 +54,12 @@ def _ephemeral_range() -> tuple[int, int] | None:
 
 
 def job_key(env=None) -> str:
-    """Prefix of every key this job (and this worker-group cycle) writes to its stores: a client that reached
-    another job's store by mistake (two jobs sharing a port block) waits for keys that never come and fails,
-    instead of joining that job's groups."""
+    """Prefix of every key this job writes to its stores: a client that reached another job's store by mistake
+    (two jobs sharing a port block) waits for keys that never come and fails, instead of joining that job's
+    groups. Not the launcher's restart count: agents count differently (a membership change restarts the
+    workers without counting), and every worker-group cycle has a fresh store anyway (its rank 0 hosts it)."""
     env = os.environ if env is None else env
-    return (f"megatron_resilience/{env.get('SLURM_JOB_ID', '-')}/{env.get('TORCHELASTIC_RUN_ID', '-')}/"
-            f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    return f"megatron_resilience/{env.get('SLURM_JOB_ID', '-')}/{env.get('TORCHELASTIC_RUN_ID', '-')}"
 
 
 def bind_with_wait(create: Callable[[], T], port: int, what: str) -> T:
