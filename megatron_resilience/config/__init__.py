@@ -4,6 +4,7 @@ from megatron_resilience.config._validate import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
 from megatron_resilience.config.inprocess import InProcessConfig
+from megatron_resilience.config.logger import LoggerConfig
 from megatron_resilience.config.model import ModelConfig
 from megatron_resilience.config.optimizer import OptimizerConfig
 from megatron_resilience.config.parallel import ParallelConfig
@@ -13,7 +14,7 @@ from megatron_resilience.config.training import TrainingConfig
 
 __all__ = [
     "CATCHABLE_SIGNALS", "CheckpointConfig", "ConfigError", "DataConfig", "FaultToleranceConfig", "InProcessConfig",
-    "ModelConfig",
-    "OptimizerConfig", "ParallelConfig", "PretrainConfig", "RerunConfig", "SECTIONS", "StragglerConfig",
+    "LoggerConfig", "ModelConfig", "OptimizerConfig", "ParallelConfig", "PretrainConfig", "RerunConfig", "SECTIONS",
+    "StragglerConfig",
     "TrainingConfig",
 ]
