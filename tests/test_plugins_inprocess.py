@@ -90,13 +90,24 @@ def test_script_trainers_get_their_own_flags(tmp_path):
     assert lm.args[-13:] == ["--calc-ft-timeouts", "--inprocess-restart", "--non-persistent-ckpt-type", "local",
                              "--non-persistent-local-ckpt-dir", "/local/ckpt", "--non-persistent-save-interval", "10",
                              "--replication", "--replication-jump", "8", "--replication-factor", "2"]
-    assert bridge.args[-7:] == ["inprocess_restart.enabled=true", "checkpoint.non_persistent_ckpt_type=local",
+    assert bridge.args[-8:] == ["++inprocess_restart._target_=megatron.bridge.training.config.InProcessRestartConfig",
+                                "++inprocess_restart.enabled=true", "checkpoint.non_persistent_ckpt_type=local",
                                 "checkpoint.non_persistent_local_ckpt_dir=/local/ckpt",
                                 "checkpoint.non_persistent_save_interval=10", "checkpoint.replication=true",
                                 "checkpoint.replication_jump=8", "checkpoint.replication_factor=2"]
     only_restart = InProcessRestartPluginScriptArgs(inprocess_restart=True)
     assert megatron_lm_args(only_restart) == ["--inprocess-restart"]
-    assert megatron_bridge_args(only_restart) == ["inprocess_restart.enabled=true"]
+    assert megatron_bridge_args(only_restart) == [
+        "++inprocess_restart._target_=megatron.bridge.training.config.InProcessRestartConfig",
+        "++inprocess_restart.enabled=true"]
+
+
+def test_a_flags_value_is_kept_even_when_the_task_has_the_same_token_elsewhere(tmp_path):
+    task = run.Script(path="/opt/megatron-lm/pretrain_gpt.py",
+                      args=["--tensor-model-parallel-size", "2", "--replication"])
+    FaultTolerancePlugin(inprocess_restart=True, replication_factor=2, **LOCAL).setup(task, slurm(tmp_path))
+    assert task.args.count("--replication") == 1  # a lone flag the task has is not repeated
+    assert task.args[-2:] == ["--replication-factor", "2"]  # ... but "2" is a value, not a duplicate
 
 
 def test_without_the_new_fields_nothing_changes_for_another_trainers_converter(tmp_path):
