@@ -15,7 +15,9 @@ Task side (what the trainer must do):
   ``--non-persistent-save-interval``, ``--replication``/``--replication-jump``/``--replication-factor``) and
   Megatron-Bridge (``inprocess_restart.enabled``, ``checkpoint.non_persistent_*``, ``checkpoint.replication*``),
   through the converters of ``script_args`` (or the user's ``script_args_converter_fn``);
-* anything else: one warning.
+* a Megatron-Bridge ``run.Partial``: its ``ConfigContainer``'s ``inprocess_restart`` (an ``InProcessRestartConfig``
+  created when None) and ``checkpoint`` fields of the same names;
+* anything else (a NeMo 2.0 Partial included: NeMo has no in-process restart): one warning.
 
 Executor side:
 
@@ -46,6 +48,7 @@ from typing import Any
 
 from megatron_resilience.config import ConfigError, InProcessConfig
 from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.plugins import partial_trainers
 from megatron_resilience.plugins._executor import set_env
 from megatron_resilience.plugins.script_args import InProcessRestartPluginScriptArgs
 from megatron_resilience.plugins.task_check import task_config
@@ -130,8 +133,18 @@ def apply_task(p: Any, target: Any, executor: Any) -> tuple[InProcessConfig, int
             inprocess_restart=p.inprocess_restart, local_checkpoint_dir=p.local_checkpoint_dir,
             local_checkpoint_interval=p.local_checkpoint_interval, replication_factor=p.replication_factor,
             replication_jump=jump)
-        if target.converter is not None:
+        if target.bridge is not None:
+            partial_trainers.configure_bridge_inprocess(
+                target.bridge, enabled=p.inprocess_restart, local_dir=p.local_checkpoint_dir,
+                local_interval=p.local_checkpoint_interval, replication_factor=p.replication_factor,
+                replication_jump=jump, plugin=NAME)
+        elif target.converter is not None:
             append_script_args(target, NAME, args)
+        elif target.nemo is not None:
+            log.warning("%s: inprocess_restart/local_checkpoint_dir on a NeMo 2.0 task: NeMo has no in-process "
+                        "restart nor Megatron-style node-local checkpoints to switch on; the executor is set up (srun "
+                        "keeps the ranks alive), but the trainer must wrap its training function in "
+                        "nvidia-resiliency-ext's in-process restart wrapper itself", NAME)
         else:
             warn_unknown_trainer(target, NAME, "wrap its training function in nvidia-resiliency-ext's in-process "
                                  "restart wrapper (inprocess_restart) and save node-local checkpoints "
