@@ -49,7 +49,7 @@ NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py 
 	tests/test_checkpoint_preemption.py tests/test_preemption_units.py tests/test_rerun_resume.py \
 	tests/test_resilience_units.py tests/test_resilience_faults.py tests/test_runtime_parallel.py tests/test_runtime_units.py \
 	tests/test_plugins_golden.py tests/slurm/test_preemption_on_slurm.py \
-	tests/test_inprocess_units.py tests/test_inprocess_restart.py
+	tests/test_inprocess_units.py tests/test_inprocess_restart.py tests/slurm/test_inprocess_on_slurm.py
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)
