@@ -27,7 +27,11 @@ whole life: a restarted training function takes it over with every section close
 again (the monitor takes a second connection of the same process for a restart of the worker group, and a
 lost connection during one as an abort: section messages then fail). Each message to the monitor is then sent
 inside the wrapper's ``atomic()`` block, so the restart's asynchronous interrupt never lands between a message
-and its reply (which would leave the connection out of step for the next call).
+and its reply (which would leave the connection out of step for the next call). A section an exception leaves
+is then not closed on the way out: the wrapper's monitor thread holds the ``atomic()`` lock from its first
+interrupt until the soft timeout, and then interrupts again and again, so a message sent while unwinding would
+wait for it and be interrupted (and could interrupt the wrapper's own handling after it); the next call closes
+what was left open (``start``).
 """
 
 from __future__ import annotations
@@ -143,20 +147,29 @@ class FaultTolerance:
             self._open("step")
         try:
             yield
-        finally:
-            if monitored:
-                self._close("step")
-                self.step_sections_seen += 1
-            self.steps_seen += 1
-            self._heartbeat()
+        except BaseException:
+            if not self.keep_connection:
+                self._end_step(monitored)
+            raise
+        self._end_step(monitored)
+
+    def _end_step(self, monitored: bool) -> None:
+        if monitored:
+            self._close("step")
+            self.step_sections_seen += 1
+        self.steps_seen += 1
+        self._heartbeat()
 
     @contextmanager
     def checkpointing(self) -> Iterator[None]:
         self._open("checkpointing")
         try:
             yield
-        finally:
-            self._close("checkpointing")
+        except BaseException:
+            if not self.keep_connection:
+                self._close("checkpointing")
+            raise
+        self._close("checkpointing")
         self.checkpoints_seen += 1
         self._heartbeat()
         self._maybe_update_timeouts(closing=False)
