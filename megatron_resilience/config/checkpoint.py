@@ -6,6 +6,12 @@ non-persistent one (``local_dir``/``local_interval``: each rank's part on node-l
 because it is cheap. Resume takes the newest complete checkpoint of either tier (runtime/local_checkpoint.py).
 Names follow Megatron-LM's ``--non-persistent-local-ckpt-dir``, ``--non-persistent-save-interval``,
 ``--replication-factor`` and ``--replication-jump``.
+
+How often (persistent tier): ``interval_policy="fixed"`` saves every ``save_interval`` steps. ``"young_daly"`` lets the
+trainer choose the interval itself (``runtime/checkpoint_interval.py``): Daly's optimum for the save
+cost C it measures and the run's mean time between failures M (its own once it has seen 3 failures,
+``expected_mtbf_hours`` until then), recomputed after every save and every restart; ``save_interval`` is
+the first interval, until a save has been measured.
 """
 
 from __future__ import annotations
@@ -13,7 +19,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_int, check_non_negative, check_types, fail
+from megatron_resilience.config._validate import (
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_positive,
+    check_types,
+    fail,
+)
+
+INTERVAL_POLICIES = ("fixed", "young_daly")
 
 
 @dataclass(kw_only=True)
@@ -35,6 +50,10 @@ class CheckpointConfig:
     local_keep_last_n: int = 1  # local checkpoints kept per rank (the local tier's own keep-last-N)
     replication_factor: int = 1  # ranks holding each rank's local part, itself included; 1 -> no replicas
     replication_jump: int | None = None  # rank distance to a replica; None -> ranks per node (replicas on other nodes)
+    interval_policy: str = "fixed"  # "fixed": every save_interval steps; "young_daly": chosen by the trainer
+    # The job's expected mean time between failures, in hours: young_daly's M until the run has seen 3 failures
+    # (the report also uses it for E*). Required with young_daly.
+    expected_mtbf_hours: float | None = None
 
     def __post_init__(self) -> None:
         check_types(self, "checkpoint")
@@ -67,6 +86,15 @@ class CheckpointConfig:
                  self.replication_factor)
         if self.replication_jump is not None and self.replication_factor == 1:
             fail("checkpoint.replication_jump", "needs checkpoint.replication_factor > 1", self.replication_jump)
+        check_choice("checkpoint.interval_policy", self.interval_policy, INTERVAL_POLICIES)
+        check_positive("checkpoint.expected_mtbf_hours", self.expected_mtbf_hours, allow_none=True)
+        if self.interval_policy == "young_daly":
+            if self.expected_mtbf_hours is None:
+                fail("checkpoint.expected_mtbf_hours", "must be set (hours > 0) with checkpoint.interval_policy="
+                     "'young_daly': it is the failure rate until the run has measured its own", None)
+            if self.save_interval is None:
+                fail("checkpoint.save_interval", "must be set with checkpoint.interval_policy='young_daly': it is "
+                     "the first interval, until a save has been measured", None)
 
     @property
     def load_dir(self) -> str | None:

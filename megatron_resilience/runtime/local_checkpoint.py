@@ -204,6 +204,9 @@ class TieredCheckpoints:
     def maybe_finalize(self, *, blocking: bool = False) -> list[int]:
         return self.persistent.maybe_finalize(blocking=blocking)
 
+    def take_interval_changes(self) -> list[dict[str, Any]]:
+        return self.persistent.take_interval_changes()
+
     def take_durable(self) -> list[dict[str, Any]]:
         records, self._local_records = self._local_records + self.persistent.take_durable(), []
         return records
@@ -254,6 +257,8 @@ class TieredCheckpoints:
             if not _all_ok(resumed is True):
                 tier, resumed = "persistent", self.persistent.load_latest(state)
                 newest = self.persistent.latest_step
+            elif self.persistent.interval is not None:  # young_daly: the restart's decision, as the tier would
+                self.persistent.interval.after_restart(state.step)
         self.resumed_from = {"tier": tier if resumed else None, "step": newest if resumed else None}
         self.persistent.last_load_seconds = time.perf_counter() - start
         if _rank() == 0 and tier != "persistent":
@@ -266,7 +271,7 @@ def build_checkpoints(config: PretrainConfig, *, dist) -> TieredCheckpoints:
     """The run's checkpoint tiers (collective when a local tier with replicas is configured)."""
     from megatron_resilience.runtime.distributed import group_timeout
 
-    persistent = CheckpointManager(config.checkpoint, run_dir=config.run_dir)
+    persistent = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps)
     local = None
     if config.checkpoint.local_dir is not None:
         local = LocalTier(config, world=dist.world_size, tp=dist.tp, pp=dist.pp,
