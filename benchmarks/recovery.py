@@ -180,8 +180,8 @@ def measure_variant(root: Path, variant: str, *, nproc: int, device: str, base: 
     after = [r for r in recs[restart:] if r.get("kind") == "train"]
     first, productive = after[0], next(r for r in after if r["step"] > before)
     inprocess = next((r for r in recs[restart - 1:restart] if r.get("kind") == "inprocess_restart"), None)
-    if inprocess is not None:  # the wrapper: detection on rank 0, then abort, finalize, barriers, re-entry
-        detected, entered = inprocess["fault_time"], inprocess["began_time"]
+    if inprocess is not None:  # the first rank's wrapper began to abort; then finalize, barriers, re-entry
+        detected, entered = inprocess["detected_time"], inprocess["began_time"]
     else:  # the launcher saw the rank exit; a new process started and entered the trainer
         detected = log_time(next(line for line in lines[fault_i:] if "failed (exitcode:" in line))
         entered = marks["entered"]

@@ -32,6 +32,8 @@ import pytest
 from resilience_support.agents import launch_two_agents
 from resilience_support.launch import launch, run_to_end, wait_for
 
+from megatron_resilience.jobs import report
+
 pytestmark = pytest.mark.slow
 
 WAIT = 900
@@ -173,7 +175,7 @@ def test_exception_restarts_in_process_from_memory_then_a_killed_rank_falls_thro
     assert len(ladder) == 4, ladder
     record = _restart_record(run)
     assert record["cause"] == "exception on rank 1"
-    assert record["fault_time"] <= record["began_time"] <= record["time"]
+    assert record["fault_time"] <= record["detected_time"] <= record["began_time"] <= record["time"]
     assert "exception:cuda_oom on rank 1" in log and "at the start of step 5" in log
     assert "in-process restart: shut down" in log  # gloo freed by closing its connections
     assert "Worker group UNHEALTHY. 1/1 attempts left; will restart worker group" in log or \
@@ -181,6 +183,20 @@ def test_exception_restarts_in_process_from_memory_then_a_killed_rank_falls_thro
     assert f"resuming from the local checkpoint of step {ladder[3][3]}" in log
     _assert_exact(run, ref)
     assert run.flag.exists()
+
+    # The report (the goodput issue's accounting) charges each rung to its own bucket: the in-process restart's
+    # downtime (the first abort -> the restarted function) to restart_inprocess, the process restart's to
+    # restart_process; the in-process one is named by its record's cause.
+    acc = report.build(str(run.run_dir), slurm_lookup=False).accounting
+    assert [(i.kind, i.cause, i.fault_source) for i in acc.interruptions] == [
+        ("inprocess", "exception on rank 1", "trainer"), ("process", "in_job_restart", "last sign of life")]
+    inprocess, process = acc.interruptions
+    assert (inprocess.fault_time, inprocess.detected) == (record["fault_time"], record["detected_time"])
+    assert inprocess.cost["restart_inprocess"] == pytest.approx(record["began_time"] - record["detected_time"])
+    assert "restart_process" not in inprocess.cost and "restart_inprocess" not in process.cost
+    assert process.cost["restart_process"] > 0
+    assert acc.badput["restart_inprocess"] == pytest.approx(inprocess.cost["restart_inprocess"])
+    assert acc.badput["restart_process"] == pytest.approx(process.cost["restart_process"])
 
 
 def test_a_stalled_rank_is_interrupted_by_the_soft_timeout_and_restarts_in_process(runs):
@@ -190,7 +206,10 @@ def test_a_stalled_rank_is_interrupted_by_the_soft_timeout_and_restarts_in_proce
     assert "rank_stalled on rank 1" in log
     assert _ladder(run) == [("start", 0, 0, None, None), ("inprocess_restart", 1, "memory", 6),
                             ("start", 0, 1, 6, "memory")]
-    assert "soft_timeout" in _restart_record(run)["cause"]
+    record = _restart_record(run)
+    assert "soft_timeout" in record["cause"]
+    # no rank raised: the fault is the last sign of progress (the report's fallback); the abort is timed
+    assert record["fault_time"] is None and record["detected_time"] <= record["began_time"] <= record["time"]
     _assert_exact(run, ref)
 
 

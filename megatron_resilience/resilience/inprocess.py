@@ -51,32 +51,49 @@ FALL_THROUGH_EXIT_CODE = 1
 class _Fault:
     """Rank-local view of the faults that ended in-process iterations (for the ``inprocess_restart`` record)."""
 
-    time: float | None = None  # when this rank raised or detected the current iteration's fault
+    raised: float | None = None  # when this rank's training function raised in the current iteration
+    detected: float | None = None  # when this rank's wrapper began its abort (the fault known here)
     own: BaseException | None = None  # the exception this rank raised in the current iteration, if it did
-    previous: tuple[float | None, BaseException | None] = (None, None)  # the previous iteration's (time, own)
+    previous: tuple[float | None, float | None, BaseException | None] = (None, None, None)  # the previous iteration's
     store_kwargs: dict | None = None  # how to reach the wrapper's store (set by run_restartable)
     store = None
 
 
 def note_own_exception(err: BaseException) -> None:
-    """Called by the trainer when its training function raises on this rank."""
+    """Called by the trainer when its training function raises on this rank. An exception after this rank's
+    wrapper began to abort is the wrapper's own interrupt (its monitor thread aborts, then raises into the
+    main thread), not a fault."""
+    if _Fault.detected is not None:
+        return
     _Fault.own = err
-    _noted_now()
+    _Fault.raised = _earliest(_Fault.raised, time.time())
 
 
-def _noted_now() -> None:
-    now = time.time()
-    _Fault.time = now if _Fault.time is None else min(_Fault.time, now)
+def _noted_detection() -> None:
+    _Fault.detected = _earliest(_Fault.detected, time.time())
+
+
+def _earliest(current: float | None, now: float) -> float:
+    return now if current is None else min(current, now)
 
 
 def _begin_iteration(iteration: int) -> None:
     os.environ[INPROCESS_RESTART_ENV] = str(iteration)
-    _Fault.previous = (_Fault.time, _Fault.own) if iteration > 0 else (None, None)
-    _Fault.time, _Fault.own = None, None
+    _Fault.previous = (_Fault.raised, _Fault.detected, _Fault.own) if iteration > 0 else (None, None, None)
+    _Fault.raised, _Fault.detected, _Fault.own = None, None, None
 
 
 def current_iteration() -> int:
     return int(os.environ.get(INPROCESS_RESTART_ENV, "0") or 0)
+
+
+def _earliest_on_any_rank(*times: float | None) -> list[float | None]:
+    """Collective (the restarted iteration's process groups): the minimum of each time over the ranks."""
+    nccl = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    values = torch.tensor([float("inf") if t is None else t for t in times], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MIN)
+    return [None if v == float("inf") else v for v in values.tolist()]
 
 
 def _cause_store():
@@ -88,13 +105,20 @@ def _cause_store():
 
 
 def restart_record() -> dict:
-    """The ``inprocess_restart`` record's fields: why the previous iteration ended, as this rank saw it."""
+    """The ``inprocess_restart`` record's fields: why the previous iteration ended and when. Collective.
+
+    ``fault_time``: the first rank's exception (None when no rank raised: a stall, whose fault is the last sign
+    of progress); ``detected_time``: the first rank's wrapper began to abort (after the wrapper's
+    ``last_call_wait``, so that one restart handles every rank's fault). Detected -> the restarted function
+    began is the in-process restart's own downtime (abort, finalize, the wrapper's barriers)."""
     iteration = current_iteration()
-    fault_time, own = _Fault.previous
+    raised, detected, own = _Fault.previous
+    fault_time, detected_time = _earliest_on_any_rank(raised, detected)
     cause = nvrx_inprocess.interruptions_of(_cause_store(), iteration - 1) if _Fault.store_kwargs else None
     if cause is None and own is not None:
         cause = f"{type(own).__name__} on this rank"
-    return {"iteration": iteration, "fault_time": fault_time, "cause": cause or "unknown"}
+    return {"iteration": iteration, "fault_time": fault_time, "detected_time": detected_time,
+            "cause": cause or "unknown"}
 
 
 def _store_class():
@@ -179,7 +203,7 @@ def run_restartable(config: PretrainConfig, train_once: Callable[[object], int |
 
     class RecordDetection(inprocess.abort.Abort):  # runs in the monitor thread the moment a fault is known
         def __call__(self, state):
-            _noted_now()
+            _noted_detection()
             return state
 
     class AbortGloo(inprocess.abort.Abort):  # frees ranks blocked in gloo collectives (upstream/pytorch.py)

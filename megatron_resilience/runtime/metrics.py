@@ -14,9 +14,10 @@ Every JSON line has a ``kind``:
   (wall-clock marks, runtime/setup_timeline.py): one per (re)start, in-process restarts included;
 - ``"inprocess_restart"``: one per in-process restart, written by rank 0 once the restarted training
   function has restored its state (just before its ``start`` record): ``iteration`` (k >= 1, the
-  ``start`` record's ``attempt.inprocess_restart``), ``fault_time`` (epoch seconds when rank 0 raised or
-  detected the fault, or null), ``cause`` (short: "exception on rank 1", "soft_timeout on ranks 0,1"),
-  ``began_time`` (the restarted function began), ``restored_from``
+  ``start`` record's ``attempt.inprocess_restart``), ``fault_time`` (epoch seconds when the first rank raised,
+  or null: no rank raised, e.g. a stall), ``detected_time`` (the first rank's wrapper began to abort),
+  ``cause`` (short: "exception on rank 1", "soft_timeout on ranks 0,1"), ``began_time`` (the restarted
+  function began), ``restored_from``
   (``{"tier": "memory" | "local" | "persistent" | null, "step": N | null}``);
 - ``"checkpoint"``: one per save, written when it became durable (committed): ``step``, ``reason``
   ("interval", "finished", a stop reason, ...), ``tier`` ("persistent", or "local" for the node-local
