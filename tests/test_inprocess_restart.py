@@ -175,6 +175,10 @@ def test_exception_restarts_in_process_from_memory_then_a_killed_rank_falls_thro
     assert len(ladder) == 4, ladder
     record = _restart_record(run)
     assert record["cause"] == "exception on rank 1"
+    # the run's history counts the in-process restart like any other restart (start records' totals)
+    last = [r for r in run.records() if r["kind"] == "start"][-1]
+    assert (last["restart"], last["totals"]["in_job_restarts"], last["totals"]["inprocess_restarts"]) == \
+        ("in_job_restart", 1, 1), last
     assert record["fault_time"] <= record["detected_time"] <= record["began_time"] <= record["time"]
     assert "exception:cuda_oom on rank 1" in log and "at the start of step 5" in log
     assert "in-process restart: shut down" in log  # gloo freed by closing its connections

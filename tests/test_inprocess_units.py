@@ -134,6 +134,17 @@ def test_which_launches_use_the_job_store_and_its_keys_name_the_job():
     assert job_key({}) == "megatron_resilience/-/-"
 
 
+def test_a_node_is_slurms_node_where_slurm_started_the_rank():
+    """Two Slurm nodes on one host (the multi-node test cluster) are two nodes for granularity=node: keyed by the
+    host's name, the second node's rank was reserved as surplus and the job ran with world size 1."""
+    import socket
+
+    from megatron_resilience.resilience.inprocess import node_name
+
+    assert [node_name({"SLURMD_NODENAME": n}) for n in ("mn1", "mn2")] == ["mn1", "mn2"]
+    assert node_name({}) == socket.gethostname()
+
+
 # --- records ------------------------------------------------------------------------------------------------------
 
 def test_the_attempt_names_the_inprocess_restart():

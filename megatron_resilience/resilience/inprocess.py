@@ -168,6 +168,14 @@ class FinalizeTraining(_inprocess.finalize.Finalize):
         return state
 
 
+def node_name(env=None) -> str:
+    """What a node is for ``inprocess.granularity=node``: Slurm's node name where Slurm started the rank (several
+    Slurm nodes may share a host: the multi-node test cluster, or slurmd's multiple-slurmd mode; a rank keyed by the
+    host's name would then see its peers on "its" node as surplus and be reserved), else the host's name."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _on_cpu(config: PretrainConfig) -> bool:
     return config.train.device == "cpu" or (config.train.device == "auto" and not torch.cuda.is_available())
 
@@ -216,8 +224,9 @@ def run_restartable(config: PretrainConfig, train_once: Callable[[object], int |
                                               flag=inprocess.rank_assignment.LayerFlag.RESERVE)]
     if ip.granularity == "node":
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+        node = node_name()
         layers.append(inprocess.rank_assignment.Layer(min_ranks=per_node, max_ranks=per_node,
-                                                      key_or_fn=lambda _: socket.gethostname(),
+                                                      key_or_fn=lambda _: node,
                                                       flag=inprocess.rank_assignment.LayerFlag.RESERVE))
     nested = inprocess.nested_restarter
     hardware = nvrx_inprocess.nvml_available()
