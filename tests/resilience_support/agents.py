@@ -152,7 +152,10 @@ def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int,
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {})
     block = None if "MEGATRON_RESILIENCE_JOB_PORT" in (extra_env or {}) else reserve()
-    extra_env = {**(block.env() if block else {}), "TORCH_CPP_LOG_LEVEL": "error", **(extra_env or {})}
+    # Both "nodes" are this host: nvidia-resiliency-ext 0.7's rendezvous refuses two launchers on one host unless
+    # told that it is meant (0.4.1 does not check).
+    extra_env = {**(block.env() if block else {}), "TORCH_CPP_LOG_LEVEL": "error",
+                 "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1", **(extra_env or {})}
     # The agents' rendezvous on the block's rendezvous port (base + 0), as the plugin renders it for Slurm jobs.
     endpoint = f"127.0.0.1:{int(extra_env['MEGATRON_RESILIENCE_JOB_PORT'])}"
     agents = []

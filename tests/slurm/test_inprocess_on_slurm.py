@@ -77,8 +77,11 @@ def jobs(slurm_cluster, multinode_cluster, nemorun_home, slurm_tmp):
                 js[name] = submit(name, _task(root, name, 1, 2, fault=fault), executor, [_plugin(root, name)],
                                   run_dir=os.path.join(root, name))
             with use_cluster(multinode_cluster) as cluster:
+                # the test cluster's two nodes are one host: nvidia-resiliency-ext 0.7's rendezvous refuses two
+                # launchers on one host unless told that it is meant (a real cluster has one per node)
                 executor = cluster.executor(time="00:30:00", nodes=2, ntasks_per_node=1,
-                                            env_vars={"MEGATRON_RESILIENCE_JOB_PORT": str(block.base)})
+                                            env_vars={"MEGATRON_RESILIENCE_JOB_PORT": str(block.base),
+                                                      "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"})
                 plugin = _plugin(root, "ip_2nodes", replication_factor=2)
                 js["ip_2nodes"] = submit("ip_2nodes", _task(root, "ip_2nodes", 2, 1, fault=True), executor, [plugin],
                                          run_dir=os.path.join(root, "ip_2nodes"))
