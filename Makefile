@@ -48,14 +48,16 @@ test: lint
 # The second lane: the newest megatron-core / nvidia-resiliency-ext (scripts/newest/pins.txt) first on PYTHONPATH,
 # for the tests that touch them: trainer (DP/TP/PP), checkpoints and exact resume, preemption and async saves,
 # FT sections and restarts, stragglers, the rerun state machine, ft_launcher flags parsed by the newer launcher's
-# own parser, and the preemption/FT jobs on the Slurm cluster (the jobs inherit PYTHONPATH from sbatch).
+# own parser, the preemption/FT jobs on the Slurm cluster (the jobs inherit PYTHONPATH from sbatch), and
+# in-process restart with node-local checkpoints (the wrapper and the local-checkpoint adapters).
 # .ci/run runs it after `make test`.
 NEWEST := .venv-newest
 NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py tests/test_checkpoint_resume.py \
 	tests/test_checkpoint_preemption.py tests/test_preemption_units.py tests/test_rerun_resume.py \
 	tests/test_resilience_units.py tests/test_resilience_faults.py tests/test_runtime_parallel.py tests/test_runtime_units.py \
 	tests/test_plugins_golden.py tests/slurm/test_preemption_on_slurm.py tests/test_elastic_reshard.py tests/test_cloud_notice.py \
-	tests/test_checkpoint_best.py
+	tests/test_checkpoint_best.py tests/test_inprocess_units.py tests/test_inprocess_restart.py \
+	tests/slurm/test_inprocess_on_slurm.py
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)

@@ -38,7 +38,10 @@ BASE_FT = dict(num_in_job_restarts=30, num_job_retries_on_failure=0, calc_ft_tim
                workload_check_interval=1.0)
 VARIANTS = {
     "off": {"overrides": [], "ft": {}, "partition": "faults", "nodes": 1},
-    "fast_recovery": {"overrides": ["inprocess.enabled=true", "checkpoint.local_dir={run_dir}/local_ckpt",
+    # in-process timeouts below BASE_FT's step_timeout: ft_launcher must not end, as hung, a rank the wrapper
+    # can still restart (the plugin refuses the job otherwise)
+    "fast_recovery": {"overrides": ["inprocess.enabled=true", "inprocess.soft_timeout=10",
+                                    "inprocess.hard_timeout=15", "checkpoint.local_dir={run_dir}/local_ckpt",
                                     "checkpoint.local_interval=10"], "ft": {"inprocess_restart": True},
                       "partition": "faults", "nodes": 1},
     "elastic_no_spare": {"overrides": [], "ft": {"min_nodes": 1}, "partition": "debug", "nodes": 2},

@@ -2,7 +2,11 @@
 # The three benchmarks on one NVIDIA GPU, on a machine without network (Python 3.12 with torch preinstalled).
 #
 #   benchmarks/gpu.sh wheels                  # HERE, once, with network: cp312 wheels into .whl/ (ignored by git)
-#   benchmarks/gpu.sh [all|throughput|overhead|recovery] [OUT_DIR]    # THERE, in the checkout, .whl/ beside it
+#   benchmarks/gpu.sh [all|throughput|overhead|recovery|fast-recovery] [OUT_DIR]   # THERE, in the checkout,
+#                                                                                      .whl/ beside it
+#
+# recovery includes the fast-recovery variants (issue 24: process restart from the persistent / the local
+# checkpoint, in-process restart from memory); fast-recovery runs those variants only (docs/fast-recovery.md).
 #
 # Each part stays under 10 minutes on an H100 with the 125M shape (gpt_126m: 12 layers, hidden 768, 12 heads,
 # vocab 50304, seq 2048, micro-batch 8, bf16). Outputs: <part>-cuda.md (the printed tables) and <part>-cuda.json
@@ -29,18 +33,24 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
-run() {  # name, then the benchmark's arguments
+run() {  # name, then the benchmark's arguments (BENCH_OUT_NAME: another name for the outputs)
     local name=$1; shift
-    python3 "benchmarks/$name.py" --device cuda --json "$out/$name-cuda.json" "$@" 2>"$out/$name-cuda.log" \
-        | tee "$out/$name-cuda.md"
+    local as=${BENCH_OUT_NAME:-$name}
+    python3 "benchmarks/$name.py" --device cuda --json "$out/$as-cuda.json" "$@" 2>"$out/$as-cuda.log" \
+        | tee "$out/$as-cuda.md"
 }
 case "$part" in
     throughput) run throughput --shape gpt_126m --rounds 10 --steps 5 --warmup 5 ;;
     overhead)   run resilience_overhead --shape gpt_126m --blocks 20 --block-steps 5 ;;
     recovery)   run recovery --shape gpt_126m --saves 3 --save-interval 5 --work-dir /tmp/recovery_runs ;;
+    fast-recovery)
+        BENCH_OUT_NAME=fast-recovery run recovery --shape gpt_126m --faults "" --modes "" \
+            --variants persistent,local,inprocess \
+            --work-dir /tmp/recovery_runs ;;
     all)
         run throughput --shape gpt_126m --rounds 10 --steps 5 --warmup 5
         run resilience_overhead --shape gpt_126m --blocks 20 --block-steps 5
         run recovery --shape gpt_126m --saves 3 --save-interval 5 --work-dir /tmp/recovery_runs ;;
-    *) echo "usage: benchmarks/gpu.sh [wheels|all|throughput|overhead|recovery] [OUT_DIR]" >&2; exit 2 ;;
+    *) echo "usage: benchmarks/gpu.sh [wheels|all|throughput|overhead|recovery|fast-recovery] [OUT_DIR]" >&2
+       exit 2 ;;
 esac

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/recovery.py [--device auto|cpu|cuda] [--shape ...] [--nproc N]
                                              [--faults rank_killed,rank_hung] [--saves 4] [--modes sync,async]
+                                             [--variants persistent,local,inprocess]
 
 The real trainer under the real ft_launcher (``--nproc`` ranks: 2 on CPU, 1 on one GPU), FT on:
 
@@ -17,6 +18,15 @@ The real trainer under the real ft_launcher (``--nproc`` ranks: 2 on CPU, 1 on o
    the median of the others; and signal -> stop agreed -> checkpoint durable -> launcher exited.
    ``checkpoint`` records written by older trainers carry only ``seconds``: then stall = seconds, durable =
    the record's time, and the size is read from the checkpoint directory.
+
+3. Recovery variants, side by side for the same fault (``--variants``): an exception on the last rank at step
+   8, recovered by (a) a process restart from the persistent checkpoint (every 5 steps: today's path), (b) a
+   process restart from a node-local checkpoint (every step), (c) an in-process restart from the in-memory copy
+   of the newest local checkpoint. Fault -> first productive step (the first step past the last one trained
+   before the fault), split into detection (fault -> the launcher's failure line, or the wrapper's detection),
+   restart (-> the training function is entered again: a new process, or the wrapper's abort, finalize and
+   barriers), the setup phases above, the first step, and the steps recomputed. Prints each variant's total
+   against (a)'s.
 
 Prints markdown tables and writes JSON.
 """
@@ -48,6 +58,14 @@ TIMEOUTS = {"setup": 900.0, "step": 300.0, "checkpointing": 900.0, "out_of_secti
 HUNG_STEP_TIMEOUT = 5.0
 PHASES = ["detection", "process start", "imports", "distributed init", "model", "optimizer", "data",
           "checkpoint load", "first step"]
+VARIANT_PHASES = ["detection", "restart", "imports", "distributed init", "model", "optimizer", "data",
+                  "checkpoint load", "first step", "recompute"]
+VARIANTS = {  # name -> (what recovers, overrides)
+    "persistent": ("process restart, persistent checkpoint", []),
+    "local": ("process restart, local checkpoint", ["checkpoint.local_dir={run}/local", "checkpoint.local_interval=1"]),
+    "inprocess": ("in-process restart, in-memory checkpoint",
+                  ["checkpoint.local_dir={run}/local", "checkpoint.local_interval=1", "inprocess.enabled=true"]),
+}
 
 
 # --- launching ---------------------------------------------------------------------------------------------------
@@ -64,10 +82,12 @@ def ft_launcher() -> str:
 def launch(run_dir: Path, overrides: list[str], *, nproc: int, device: str, timeouts: dict[str, float],
            max_restarts: int) -> subprocess.Popen:
     from resilience_support.launch import write_ft_yaml
+    from resilience_support.ports import reserve
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_ft_yaml(run_dir / "ft.yaml", timeouts)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+    block = reserve()  # the trainer's stores on a port block no other launch on this machine holds
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="error", **block.env(),
                FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"),
                PYTHONPATH=os.pathsep.join(p for p in [str(common.REPO), os.environ.get("PYTHONPATH", "")] if p))
     cmd = [ft_launcher(), "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
@@ -75,8 +95,10 @@ def launch(run_dir: Path, overrides: list[str], *, nproc: int, device: str, time
            "-m", "megatron_resilience", f"run_dir={run_dir}", f"checkpoint.save={run_dir / 'ckpt'}",
            f"train.device={device}", "ft.enabled=true", *overrides]
     log = open(run_dir / "launcher.log", "ab")
-    return subprocess.Popen(cmd, cwd=common.REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=common.REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    proc.port_block = block  # released when this process ends
+    return proc
 
 
 def wait(proc: subprocess.Popen, timeout: float, run_dir: Path) -> int:
@@ -86,6 +108,9 @@ def wait(proc: subprocess.Popen, timeout: float, run_dir: Path) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise RuntimeError(f"run in {run_dir} did not finish within {timeout}s; see {run_dir / 'launcher.log'}")
+    finally:
+        if proc.poll() is not None:
+            proc.port_block.release()
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -129,6 +154,44 @@ def measure_fault(root: Path, kind: str, *, nproc: int, device: str, base: list[
     return {"phases_s": dict(zip(PHASES, [b - a for a, b in zip(points, points[1:])])),
             "total_s": first["time"] - fault, "interpreter_s": marks["entered"] - process_start,
             "resumed_from": start["step"], "first_step": first["step"], "log": str(run_dir / "launcher.log")}
+
+
+# --- 3. recovery variants ---------------------------------------------------------------------------------------
+
+
+def measure_variant(root: Path, variant: str, *, nproc: int, device: str, base: list[str]) -> dict:
+    """One launch: the exception fault recovered by ``variant``; fault -> first productive step, phase by phase."""
+    run_dir = root / f"variant_{variant}"
+    overrides = [*base, f"train.max_steps={FAULT_STEP + 4}", f"checkpoint.save_interval={FAULT_CKPT_INTERVAL}",
+                 *(o.format(run=run_dir) for o in VARIANTS[variant][1]), "ft.simulate_fault=true",
+                 "ft.simulated_fault_type=exception", f"ft.simulated_fault_rank={nproc - 1}",
+                 f"ft.simulated_fault_step={FAULT_STEP}"]
+    proc = launch(run_dir, overrides, nproc=nproc, device=device, max_restarts=1, timeouts=TIMEOUTS)
+    rc = wait(proc, 1800, run_dir)
+    if rc != 0:
+        raise RuntimeError(f"variant {variant} failed (rc={rc}); see {run_dir / 'launcher.log'}")
+    lines = (run_dir / "launcher.log").read_text(errors="replace").splitlines()
+    fault_i = next(i for i, line in enumerate(lines) if "SIMULATED FAULT at" in line)
+    fault = log_time(lines[fault_i])
+    recs = records(run_dir)
+    restart = [i for i, r in enumerate(recs) if r.get("kind") == "start"][-1]
+    start, marks = recs[restart], recs[restart]["setup"]["marks"]
+    before = max(r["step"] for r in recs[:restart] if r.get("kind") == "train")
+    after = [r for r in recs[restart:] if r.get("kind") == "train"]
+    first, productive = after[0], next(r for r in after if r["step"] > before)
+    inprocess = next((r for r in recs[restart - 1:restart] if r.get("kind") == "inprocess_restart"), None)
+    if inprocess is not None:  # the first rank's wrapper began to abort; then finalize, barriers, re-entry
+        detected, entered = inprocess["detected_time"], inprocess["began_time"]
+    else:  # the launcher saw the rank exit; a new process started and entered the trainer
+        detected = log_time(next(line for line in lines[fault_i:] if "failed (exitcode:" in line))
+        entered = marks["entered"]
+    points = [fault, detected, entered, marks["imports"], marks["distributed"], marks["model"], marks["optimizer"],
+              marks["data"], marks["checkpoint_load"], first["time"], productive["time"]]
+    return {"recovered_by": VARIANTS[variant][0], "phases_s": dict(zip(VARIANT_PHASES, [b - a for a, b in
+                                                                                          zip(points, points[1:])])),
+            "total_s": productive["time"] - fault, "resumed_from": start["step"],
+            "resumed_tier": start.get("resumed_tier"), "attempt": start["attempt"], "last_step_before": before,
+            "log": str(run_dir / "launcher.log")}
 
 
 # --- 2. checkpoint stalls and preemption ------------------------------------------------------------------------
@@ -210,6 +273,8 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: 2 on cpu, 1 on cuda)")
     parser.add_argument("--faults", default="rank_killed,rank_hung")
     parser.add_argument("--modes", default="sync,async")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"recovery variants for the same fault (of {', '.join(VARIANTS)})")
     parser.add_argument("--saves", type=int, default=4, help="interval saves before the preemption signal")
     parser.add_argument("--save-interval", type=int, default=5)
     parser.add_argument("--work-dir", type=Path, default=None, help="run folders (default: a new temporary one)")
@@ -225,6 +290,8 @@ def main() -> None:
     info = common.machine(device)
     jobs = {("fault", kind): lambda kind=kind: measure_fault(root, kind, nproc=nproc, device=device, base=base)
             for kind in filter(None, args.faults.split(","))}
+    jobs.update({("variant", v): lambda v=v: measure_variant(root, v, nproc=nproc, device=device, base=base)
+                 for v in filter(None, args.variants.split(","))})
     jobs.update({("saves", mode): lambda mode=mode: measure_saves(
         root, mode, nproc=nproc, device=device, base=base, saves=args.saves, interval=args.save_interval)
         for mode in filter(None, args.modes.split(","))})
@@ -241,6 +308,7 @@ def main() -> None:
         sys.exit(f"recovery: {err}")
     faults = {key[1]: value for key, value in results.items() if key[0] == "fault"}
     saves = {key[1]: value for key, value in results.items() if key[0] == "saves"}
+    variants = {key[1]: value for key, value in results.items() if key[0] == "variant"}
     info["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
 
     print(f"\n{common.describe(info)}; load average after {info['load_average_after'][0]}")
@@ -253,6 +321,19 @@ def main() -> None:
         print(common.table(["fault", *PHASES, "total", "resumed from"], [
             [kind, *(_s(r["phases_s"][p]) for p in PHASES), _s(r["total_s"]), f"step {r['resumed_from']}"]
             for kind, r in faults.items()]))
+    if variants:
+        print(f"\nThe same fault (an exception on rank {nproc - 1} at step {FAULT_STEP}; persistent checkpoint every "
+              f"{FAULT_CKPT_INTERVAL} steps, local every step) recovered three ways: fault -> first productive step "
+              "(past the last step trained before the fault), seconds:\n")
+        ref = variants.get("persistent", {}).get("total_s")
+        print(common.table(["recovered by", *VARIANT_PHASES, "total", "vs process restart (persistent)",
+                            "resumed from"], [
+            [r["recovered_by"], *(_s(r["phases_s"][p]) for p in VARIANT_PHASES), _s(r["total_s"]),
+             None if not ref else f"{100 * r['total_s'] / ref:.0f} %",
+             f"{r['resumed_tier']} step {r['resumed_from']}"] for r in variants.values()]))
+        if ref and "inprocess" in variants:
+            ratio = variants["inprocess"]["total_s"] / ref
+            print(f"\nin-process / process restart (persistent): {ratio:.2f} (goal on a 2-core CPU machine: <= 0.25)")
     for mode, r in saves.items():
         print(f"\nCheckpoint saves, {mode} (every {args.save_interval} steps; the last one at the signal):\n")
         print(common.table(["step", "reason", "stall (s)", "to durable (s)", "size (MB)", "GB/s"], [
@@ -273,7 +354,7 @@ def main() -> None:
                             "checkpoint at stop", "launcher exit code"], rows))
     path = common.write_json("recovery", device, {
         "machine": info, "shape_name": shape, "shape": common.SHAPES[shape], "precision": precision, "nproc": nproc,
-        "concurrent_runs": args.concurrent, "faults": faults, "saves": saves}, args.json)
+        "concurrent_runs": args.concurrent, "faults": faults, "saves": saves, "variants": variants}, args.json)
     print(f"\nJSON: {path}\nrun folders: {root}")
 
 

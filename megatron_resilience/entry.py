@@ -15,6 +15,7 @@ from megatron_resilience.config import (
     CheckpointConfig,
     DataConfig,
     FaultToleranceConfig,
+    InProcessConfig,
     LoggerConfig,
     ModelConfig,
     OptimizerConfig,
@@ -39,6 +40,7 @@ def pretrain(
     straggler: StragglerConfig | None = None,
     rerun: RerunConfig | None = None,
     logger: LoggerConfig | None = None,
+    inprocess: InProcessConfig | None = None,
 ) -> None:
     """Validate the config, then run Megatron-Core GPT pretraining on this node's ranks."""
     config = PretrainConfig(
@@ -53,6 +55,7 @@ def pretrain(
         straggler=straggler or StragglerConfig(),
         rerun=rerun or RerunConfig(),
         logger=logger or LoggerConfig(),
+        inprocess=inprocess or InProcessConfig(),
     )
     from megatron_resilience.trainer import run_pretraining
 

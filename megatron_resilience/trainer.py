@@ -73,7 +73,11 @@ def _init_rerun_state_machine(config: PretrainConfig) -> None:
 
 
 def run_pretraining(config: PretrainConfig) -> None:
-    """Train ``config`` on this process's rank; returns when finished or stopped, exits 16/17 on rerun codes."""
+    """Train ``config`` on this process's rank; returns when finished or stopped, exits 16/17 on rerun codes.
+
+    With ``inprocess.enabled`` the training (hooks to teardown) runs under nvidia-resiliency-ext's in-process
+    restart wrapper (resilience/inprocess.py): after a fault it is called again in the same process.
+    """
     start_time = time.monotonic()
     # First: a preemption signal during the seconds of imports and setup below must stop the run, not kill it.
     signals = install_at_process_start(config.train.exit_signal_handler, config.train.exit_signal,
@@ -99,7 +103,38 @@ def run_pretraining(config: PretrainConfig) -> None:
         t = config.train
         notices = start_poller(provider=t.preemption_notice, interval=t.preemption_notice_interval,
                                url=t.preemption_notice_url, handler=signals, local_rank=launch.local_rank, rank=rank)
+    try:
+        if config.inprocess.enabled:
+            from megatron_resilience.resilience import inprocess
+
+            def once(call_wrapper) -> int | None:
+                iteration_timeline = timeline if inprocess.current_iteration() == 0 else SetupTimeline()
+                iteration_timeline.mark("entered")
+                return _train(config, rank, world_size, start_time, iteration_timeline, call_wrapper, notices)
+
+            exit_code = inprocess.run_restartable(config, once, rank=rank, world_size=world_size)
+        else:
+            exit_code = _train(config, rank, world_size, start_time, timeline, None, notices)
+    finally:  # the poller outlives in-process restarts: a notice during a restart still stops the run
+        if notices is not None:
+            notices.stop()
+    if exit_code is not None:
+        sys.exit(exit_code)
+
+
+def _train(config: PretrainConfig, rank: int, world_size: int, start_time: float, timeline: SetupTimeline,
+           call_wrapper, notices) -> int | None:
+    """Hooks, setup, the loop, teardown: one call of the training function. Returns a rerun exit code or None.
+
+    Under in-process restart (``call_wrapper`` set) every exception propagates, so the wrapper restarts (a lost
+    peer is part of every in-process restart). Exit codes are the process's: the rerun state machine's 16 asks
+    for the step to be re-run on other hardware, which an in-process restart cannot give.
+    """
     hooks = build_hooks(config, rank=rank, world_size=world_size)
+    if call_wrapper is not None:
+        hooks.progress = call_wrapper.ping
+        if getattr(hooks, "ft", None) is not None:  # messages to ft_launcher's rank monitor are never cut in two
+            hooks.ft.atomic = call_wrapper.atomic
     exit_code = None
     try:
         with hooks.setup_section():
@@ -118,6 +153,11 @@ def run_pretraining(config: PretrainConfig) -> None:
     except ConfigError as err:  # a setting that only the job's size can check, e.g. TP*PP vs world size
         raise SystemExit(f"megatron_resilience: {err}") from None
     except Exception as err:
+        if call_wrapper is not None:
+            from megatron_resilience.resilience import inprocess
+
+            inprocess.note_own_exception(err)
+            raise
         why = lost_a_peer(err)
         if why is None:
             raise
@@ -126,11 +166,8 @@ def run_pretraining(config: PretrainConfig) -> None:
                     "the worker group", rank, type(err).__name__, why)
         raise SystemExit(1) from None
     finally:
-        if notices is not None:
-            notices.stop()
         _teardown()
-    if exit_code is not None:
-        sys.exit(exit_code)
+    return exit_code
 
 
 # What torch.distributed raises on a rank whose peer process is gone (gloo's TCP pair, NCCL's abort).
@@ -167,8 +204,8 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
 
     from megatron_resilience import dashboards
     from megatron_resilience.runtime import data, reshard
-    from megatron_resilience.runtime.checkpoint import CheckpointManager
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
+    from megatron_resilience.runtime.local_checkpoint import build_checkpoints
     from megatron_resilience.runtime.loop import TrainContext
     from megatron_resilience.runtime.metrics import (
         MetricsLogger,
@@ -200,10 +237,9 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
                        micro_batch_size=config.train.micro_batch_size)
     layout = reshard.layout(world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp, global_batch_size=gbs,
                             micro_batch_size=config.train.micro_batch_size)
-    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps,
-                                    resume_check=functools.partial(
-                                        reshard.check_resume, current=layout, announce=dist.rank == 0,
-                                        global_batch_explicit=config.train.global_batch_size is not None))
+    checkpoints = build_checkpoints(config, dist=dist, resume_check=functools.partial(
+        reshard.check_resume, current=layout, announce=dist.rank == 0,
+        global_batch_explicit=config.train.global_batch_size is not None))
     resumed = checkpoints.load_latest(state)
     timeline.mark("checkpoint_load")
     attempt = attempt_info()
@@ -211,8 +247,14 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     sink = dashboards.open_sink(config) if dist.rank == 0 else None
     metrics = MetricsLogger(config.run_dir, enabled=dist.rank == 0, max_steps=config.train.max_steps,
                             sinks=[sink] if sink else [])
+    if attempt["inprocess_restart"]:
+        from megatron_resilience.resilience import inprocess
+
+        metrics.event("inprocess_restart", **inprocess.restart_record(),
+                      began_time=timeline.marks.get("entered"), restored_from=dict(checkpoints.resumed_from))
     metrics.event("start", step=state.step, consumed_samples=state.consumed_samples, resumed=resumed,
-                  resumed_from=checkpoints.latest_step if resumed else None, attempt=attempt, last_logged_step=logged,
+                  resumed_from=checkpoints.resumed_from["step"] if resumed else None,
+                  resumed_tier=checkpoints.resumed_from["tier"], attempt=attempt, last_logged_step=logged,
                   world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp,
                   versions=upstream.installed_versions(), setup=timeline.record(),
                   dashboards=dashboards.where(config))

@@ -84,7 +84,9 @@ def slurm_job_file(executor: Any, filename: str) -> tuple[str, str]:
 
 # Env vars the plugins set, exported after the user's own in this order whatever order the plugins ran in.
 PLUGIN_ENV_ORDER = ("PET_FT_CFG_PATH", "PET_FAULT_TOL_CFG_PATH", "PET_FT_PER_CYCLE_APPLOG_PREFIX", "NVRX_GPUS_PER_NUMA",
-                    "PET_RDZV_CONF", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+                    "PET_RDZV_CONF", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "MEGATRON_RESILIENCE_JOB_PORT",
+                    "TORCH_NCCL_RETHROW_CUDA_ERRORS", "NCCL_NVLS_ENABLE", "TORCH_CPP_LOG_LEVEL",
+                    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")
 
 
 def set_env(executor: Any, key: str, value: str) -> None:

@@ -35,6 +35,7 @@ Every change to a user setting is logged on ``megatron_resilience.plugins``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -42,7 +43,15 @@ from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, check_positive, fail
-from megatron_resilience.plugins import batch_decision, ft_config, ft_features, ft_trainer, node_range
+from megatron_resilience.plugins import (
+    batch_decision,
+    ft_config,
+    ft_features,
+    ft_trainer,
+    inprocess_restart,
+    job_ports,
+    node_range,
+)
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
     claim,
@@ -135,6 +144,12 @@ class FaultTolerancePlugin(run.Plugin):
     min_progress_iterations: int | None = None
     checkpoint_iteration_file: str | None = None
     no_restart_exit_code: int | None = None
+    # in-process restart and node-local checkpoints (plugins/inprocess_restart.py)
+    inprocess_restart: bool = False
+    local_checkpoint_dir: str | None = None
+    local_checkpoint_interval: int | None = None
+    replication_factor: int = 1
+    replication_jump: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("enable_ft_package", "calc_ft_timeouts"):
@@ -165,6 +180,7 @@ class FaultTolerancePlugin(run.Plugin):
                 fail(f"{NAME}.nvrx_version", "must be a version like '0.7' or '0.4.1' (or None: the installed one)",
                      self.nvrx_version)
         ft_features.validate(self)
+        inprocess_restart.validate(self)
 
     # ----------------------------------------------------------------------------------------------------------
     def setup(self, task: Any, executor: Any) -> None:
@@ -172,12 +188,17 @@ class FaultTolerancePlugin(run.Plugin):
         claim(executor, NAME)
         check_task(task, executor)  # the same submit-time check as preview() and the CLI
         version, source = nvrx_version_for_rendering(self.nvrx_version)
+        inprocess_restart.check_version(self, version, source)
         target = trainer_target(task, NAME, self.script_args_converter_fn)
         mode = ft_trainer.enable_ft(self, target, slurm=profile.is_slurm)
         node_range.setup(self.min_nodes, editor=target.editor, executor=executor, profile=profile, version=version)
+        inprocess, replication = inprocess_restart.apply_task(self, target, executor)
+        inprocess_restart.check_timeouts(self, mode, inprocess)
+        inprocess_restart.check_replication(self, replication, executor, profile)
 
         executor.launcher = self._launcher(executor.launcher, mode, version, profile)
         check_signal_reaches_trainer(executor, NAME)
+        job_ports.install(executor, profile, NAME)
         executor._launcher_setup = False  # nemo_run derives the FT file paths when it sets the launcher up
         rendered = [nemo_run_ft_param_flag(f) for f in NEMO_RUN_FT_PARAM_FIELDS if getattr(executor.launcher, f)]
         bad = unaccepted_ft_launcher_flags(rendered, version)
@@ -189,13 +210,16 @@ class FaultTolerancePlugin(run.Plugin):
         self._set_retries(executor, profile)
 
         place = self._job_place(executor, profile)
-        extras = ft_features.render(self, version, source, profile, trainer_paths(target), place)
+        policy = inprocess_restart.restart_policy(self, version)
+        features = self if policy == self.restart_policy else dataclasses.replace(self, restart_policy=policy)
+        extras = ft_features.render(features, version, source, profile, trainer_paths(target), place)
         yaml_text = ft_config.render_yaml({**ft_config.ft_settings(self, mode), **extras.yaml})
         path = self._ship_config(executor, profile, version, yaml_text, extras)
         for key, value in extras.env.items():
             self._set_env(executor, key, value)
         if profile.is_slurm and (executor.nodes or 1) > 1:
             self._set_rdzv_join_timeout(executor)
+        inprocess_restart.apply_executor(self, executor, profile, inprocess)
         code = ft_features.no_restart_exit_code(self, version)
         if profile.is_slurm:
             if code is not None:  # the batch script's decision does not requeue a job ft_launcher gave up on

@@ -102,6 +102,34 @@ def configure_bridge_ft(container: Any, *, enable_ft_package: bool, calc_ft_time
     _set(ft, "config.ft", "calc_ft_timeouts", calc_ft_timeouts, plugin, "calc_ft_timeouts")
 
 
+def configure_bridge_inprocess(container: Any, *, enabled: bool, local_dir: str | None, local_interval: int,
+                               replication_factor: int, replication_jump: int | None, plugin: str) -> None:
+    """``config.inprocess_restart`` (created when None: every recipe) enabled; with ``local_dir``:
+    ``config.checkpoint``'s ``non_persistent_ckpt_type='local'``, ``non_persistent_local_ckpt_dir``,
+    ``non_persistent_save_interval`` and, for a factor above 1, ``replication``/``replication_jump``/
+    ``replication_factor`` (the fields of Megatron-Core's CheckpointConfig that Bridge's extends)."""
+    if enabled:
+        inprocess = bridge_section(container, "inprocess_restart", "InProcessRestartConfig", plugin)
+        _set(inprocess, "config.inprocess_restart", "enabled", True, plugin, "inprocess_restart")
+    if not local_dir:
+        return
+    checkpoint = getattr(container, "checkpoint", None)
+    if checkpoint is None:
+        from megatron_resilience.config import ConfigError
+
+        raise ConfigError(f"{plugin}: the Megatron-Bridge ConfigContainer has no checkpoint section (config.checkpoint "
+                          "is None); local_checkpoint_dir needs one")
+    for name, value, why in (("non_persistent_ckpt_type", "local", "local_checkpoint_dir"),
+                             ("non_persistent_local_ckpt_dir", local_dir, "local_checkpoint_dir"),
+                             ("non_persistent_save_interval", local_interval, "local_checkpoint_interval")):
+        _set(checkpoint, "config.checkpoint", name, value, plugin, why)
+    if replication_factor > 1:
+        for name, value, why in (("replication", True, "replication_factor"),
+                                 ("replication_jump", replication_jump, "replication_jump"),
+                                 ("replication_factor", replication_factor, "replication_factor")):
+            _set(checkpoint, "config.checkpoint", name, value, plugin, why)
+
+
 def configure_bridge_exit_handler(container: Any, *, for_data_loader: bool, signal_name: str, plugin: str) -> None:
     import signal
 
@@ -205,5 +233,5 @@ def nemo_max_steps(trainer: Any) -> int | None:
 
 
 __all__ = ["NEMO_FT_CALLBACK", "NEMO_PREEMPTION_CALLBACK", "bridge_config", "bridge_run_facts", "callback_config",
-           "configure_bridge_exit_handler", "configure_bridge_ft", "merge_callbacks", "nemo_log_dir",
-           "nemo_max_steps", "nemo_trainer"]
+           "configure_bridge_exit_handler", "configure_bridge_ft", "configure_bridge_inprocess", "merge_callbacks",
+           "nemo_log_dir", "nemo_max_steps", "nemo_trainer"]

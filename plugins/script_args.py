@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 # The class Bridge's ``_target_`` override builds (megatron/bridge/training/config.py).
 BRIDGE_FT_CONFIG = "megatron.bridge.training.config.FaultToleranceConfig"
+BRIDGE_INPROCESS_CONFIG = "megatron.bridge.training.config.InProcessRestartConfig"  # also None in every recipe
 
 
 @dataclass
@@ -52,7 +53,20 @@ class FaultTolerancePluginScriptArgs:
     calc_ft_timeouts: bool
 
 
-ScriptArgs = PreemptionPluginScriptArgs | FaultTolerancePluginScriptArgs
+@dataclass
+class InProcessRestartPluginScriptArgs:
+    """What ``FaultTolerancePlugin(inprocess_restart=..., local_checkpoint_*=...)`` asks of a run.Script trainer
+    (ours: no Bridge counterpart; a converter gets it only when one of these is requested). ``replication_jump``
+    is resolved (the executor's ranks per node when the plugin's is None)."""
+
+    inprocess_restart: bool
+    local_checkpoint_dir: str | None = None
+    local_checkpoint_interval: int | None = None
+    replication_factor: int = 1
+    replication_jump: int | None = None
+
+
+ScriptArgs = PreemptionPluginScriptArgs | FaultTolerancePluginScriptArgs | InProcessRestartPluginScriptArgs
 Converter = Callable[[Any], list[str]]
 
 
@@ -64,6 +78,17 @@ def _signal_number(name: str) -> int:
 
 def megatron_bridge_args(args: ScriptArgs) -> list[str]:
     """Megatron-Bridge's Hydra-style overrides (FT in the form that parses on Bridge's recipes: module docstring)."""
+    if isinstance(args, InProcessRestartPluginScriptArgs):  # Bridge's InProcessRestartConfig and CheckpointConfig
+        out = [f"++inprocess_restart._target_={BRIDGE_INPROCESS_CONFIG}", "++inprocess_restart.enabled=true"] \
+            if args.inprocess_restart else []
+        if args.local_checkpoint_dir:
+            out += ["checkpoint.non_persistent_ckpt_type=local",
+                    f"checkpoint.non_persistent_local_ckpt_dir={args.local_checkpoint_dir}",
+                    f"checkpoint.non_persistent_save_interval={args.local_checkpoint_interval}"]
+        if args.replication_factor > 1:
+            out += ["checkpoint.replication=true", f"checkpoint.replication_jump={args.replication_jump}",
+                    f"checkpoint.replication_factor={args.replication_factor}"]
+        return out
     if isinstance(args, FaultTolerancePluginScriptArgs):
         return [f"++ft._target_={BRIDGE_FT_CONFIG}", f"++ft.enable_ft_package={str(args.enable_ft_package).lower()}",
                 f"++ft.calc_ft_timeouts={str(args.calc_ft_timeouts).lower()}"]
@@ -76,6 +101,15 @@ def megatron_bridge_args(args: ScriptArgs) -> list[str]:
 
 def megatron_lm_args(args: ScriptArgs) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` flags; a setting that is off is left out (they are store_true flags)."""
+    if isinstance(args, InProcessRestartPluginScriptArgs):  # --inprocess-*, --non-persistent-*, --replication*
+        out = ["--inprocess-restart"] if args.inprocess_restart else []
+        if args.local_checkpoint_dir:
+            out += ["--non-persistent-ckpt-type", "local", "--non-persistent-local-ckpt-dir", args.local_checkpoint_dir,
+                    "--non-persistent-save-interval", str(args.local_checkpoint_interval)]
+        if args.replication_factor > 1:
+            out += ["--replication", "--replication-jump", str(args.replication_jump), "--replication-factor",
+                    str(args.replication_factor)]
+        return out
     if isinstance(args, FaultTolerancePluginScriptArgs):
         return [flag for flag, on in (("--enable-ft-package", args.enable_ft_package),
                                       ("--calc-ft-timeouts", args.calc_ft_timeouts)) if on]
@@ -105,4 +139,6 @@ def converter_name(converter: Converter) -> str:
 __all__ = [
     "BRIDGE_FT_CONFIG", "FaultTolerancePluginScriptArgs", "PreemptionPluginScriptArgs", "converter_name",
     "detect_converter", "megatron_bridge_args", "megatron_lm_args",
+    "converter_name", "detect_converter",
+    "megatron_bridge_args", "megatron_lm_args",
 ]

@@ -111,17 +111,17 @@ def append_script_args(target: TrainerTarget, plugin: str, script_args: Any) -> 
         if flag in theirs and theirs[flag] != value:
             raise ConfigError(f"conflicting settings: the task's arguments give {flag} {theirs[flag]}, but {plugin} "
                               f"needs {flag} {value}; remove it from the task or change the plugin's setting")
-    new, skip_value = [], False
-    for i, arg in enumerate(args):
-        if skip_value:
-            skip_value = False
+    new, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ours and i + 1 < len(args):  # a --flag value pair travels together
+            if arg not in theirs:  # (the same --flag value already there: not repeated)
+                new += args[i:i + 2]
+            i += 2
             continue
-        if arg in ours and arg in theirs and i + 1 < len(args):  # the same --flag value already there
-            skip_value = True
-            continue
-        if arg in existing and arg not in ours:
-            continue
-        new.append(arg)
+        if arg not in existing:  # a lone flag or Hydra override already there is not repeated
+            new.append(arg)
+        i += 1
     kept = [a for a in args if a not in new]
     if kept:
         log.info("%s: task args already carry %s: not added again", plugin, kept)

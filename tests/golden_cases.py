@@ -184,6 +184,21 @@ CASES = {
         ft(min_nodes=1), PreemptionPlugin(preempt_time=120), RestartPolicyPlugin(policy="megatron_transient")]),
     "ft_min_nodes_2x8_nvrx_0_7": lambda: (partial_task(), slurm(nodes=2, gpus=8), [
         FaultTolerancePlugin(nvrx_version="0.7", min_nodes=1)]),
+    # Issue 24: in-process restart and node-local checkpoints through the plugin, on two 8-GPU nodes: srun keeps the
+    # survivors (--kill-on-bad-exit=0 after nemo_run's =1), the wrapper's environment, the restart policy per release,
+    # the job's port block; our trainer gets its keys, Megatron-LM and Bridge scripts their flags/overrides.
+    "ft_inprocess_local_2x8_nvrx_0_4": lambda: (partial_task(), slurm(nodes=2, gpus=8), [ft(
+        inprocess_restart=True, local_checkpoint_dir="/local/ckpt", local_checkpoint_interval=10, replication_factor=2),
+        PreemptionPlugin()]),
+    "ft_inprocess_local_2x8_nvrx_0_7": lambda: (partial_task(), slurm(nodes=2, gpus=8), [FaultTolerancePlugin(
+        nvrx_version="0.7", inprocess_restart=True, local_checkpoint_dir="/local/ckpt", local_checkpoint_interval=10,
+        replication_factor=2)]),
+    "ft_inprocess_megatron_lm_script_2x8": lambda: (megatron_lm_task(), slurm(nodes=2, gpus=8), [ft(
+        inprocess_restart=True, local_checkpoint_dir="/local/ckpt", local_checkpoint_interval=10,
+        replication_factor=2)]),
+    "ft_inprocess_bridge_script_2x8": lambda: (bridge_task(), slurm(nodes=2, gpus=8), [ft(
+        inprocess_restart=True, local_checkpoint_dir="/local/ckpt", local_checkpoint_interval=10,
+        replication_factor=2)]),
     # Issue 10: the job-level decision with a restart policy and its monitors.
     "ft_preemption_policy_partial": lambda: (partial_task(), slurm(), [
         ft(), PreemptionPlugin(), RestartPolicyPlugin(policy="megatron_transient", monitors="megatron_production")]),

@@ -57,6 +57,21 @@ class CheckpointConfig:
     save: Optional[str] = None
     save_interval: Optional[int] = None
     load: Optional[str] = None
+    non_persistent_save_interval: Optional[int] = None
+    non_persistent_ckpt_type: Optional[Literal["global", "local", "in_memory"]] = None
+    non_persistent_local_ckpt_dir: Optional[str] = None
+    replication: bool = False
+    replication_jump: Optional[int] = None
+    replication_factor: int = 2
+
+
+@dataclasses.dataclass
+class InProcessRestartConfig:  # the fields the plugin sets and the tests read (the wheel's are checked)
+    enabled: bool = False
+    max_iterations: Optional[int] = None
+    soft_timeout: float = 60.0
+    hard_timeout: float = 90.0
+    granularity: Literal["node", "rank"] = "node"
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -64,6 +79,7 @@ class ConfigContainer:
     train: TrainingConfig
     checkpoint: CheckpointConfig
     ft: Optional[FaultToleranceConfig] = None
+    inprocess_restart: Optional[InProcessRestartConfig] = None
 
 
 def bridge_pretrain(config: ConfigContainer, forward_step_func: Any) -> None:
@@ -115,7 +131,7 @@ class FaultToleranceCallback:
 
 # Where each stand-in lives in the real project (so serialization and the plugins see the real names).
 _HOMES = {
-    BRIDGE_CONFIG: (FaultToleranceConfig, TrainingConfig, CheckpointConfig, ConfigContainer),
+    BRIDGE_CONFIG: (FaultToleranceConfig, TrainingConfig, CheckpointConfig, ConfigContainer, InProcessRestartConfig),
     "megatron.bridge.training.pretrain": (bridge_pretrain,),
     "megatron.bridge.training.gpt_step": (bridge_forward_step,),
     "nemo.collections.llm": (nemo_pretrain,), "nemo.lightning": (Trainer, NeMoLogger),
@@ -143,7 +159,7 @@ def _modules(with_nemo_callbacks: bool) -> dict[str, types.ModuleType]:
         "megatron.bridge.training": _module("megatron.bridge.training"),
         BRIDGE_CONFIG: _module(BRIDGE_CONFIG, FaultToleranceConfig=FaultToleranceConfig,
                                TrainingConfig=TrainingConfig, CheckpointConfig=CheckpointConfig,
-                               ConfigContainer=ConfigContainer),
+                               ConfigContainer=ConfigContainer, InProcessRestartConfig=InProcessRestartConfig),
         "megatron.bridge.training.pretrain": _module("megatron.bridge.training.pretrain", pretrain=bridge_pretrain),
         "megatron.bridge.training.gpt_step": _module("megatron.bridge.training.gpt_step",
                                                      forward_step=bridge_forward_step),

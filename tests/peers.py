@@ -106,9 +106,10 @@ def init_parameters(path: Path, cls_name: str | None, fn_name: str = "__init__")
     return out
 
 
-def megatron_lm_parse(command_lines: list[list[str]]) -> list[dict]:
+def megatron_lm_parse(command_lines: list[list[str]], extra_fields: tuple[str, ...] = ()) -> list[dict]:
     """Megatron-LM's own argument parser (megatron-core 0.19.2's ``megatron/training/arguments.py``) on each
-    command line, in one subprocess; each result is the parsed namespace's relevant fields or ``{"error": ...}``.
+    command line, in one subprocess; each result is the parsed namespace's relevant fields (and ``extra_fields``)
+    or ``{"error": ...}``.
 
     Python 3.11 lacks ``typing.override`` (3.12), which ``megatron.training`` imports: the subprocess adds
     ``typing_extensions.override``, the backport with the same behaviour."""
@@ -120,20 +121,23 @@ import argparse, json, sys, typing, typing_extensions
 typing.override = typing_extensions.override
 from megatron.training.arguments import add_megatron_arguments
 out = []
-for argv in json.load(sys.stdin):
+request = json.load(sys.stdin)
+wanted = ("enable_ft_package", "calc_ft_timeouts", "exit_signal_handler", "exit_signal",
+          "exit_signal_handler_for_dataloader", "train_iters", "save", "load", "micro_batch_size",
+          "tensor_model_parallel_size", *request["extra"])
+for argv in request["argvs"]:
     parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False))
     try:
         ns, unknown = parser.parse_known_args(argv)
     except (argparse.ArgumentError, SystemExit) as err:
         out.append({"error": str(err)}); continue
     out.append({"unknown": unknown, **{k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-               for k, v in vars(ns).items() if k in ("enable_ft_package", "calc_ft_timeouts", "exit_signal_handler",
-               "exit_signal", "exit_signal_handler_for_dataloader", "train_iters", "save", "load",
-               "micro_batch_size", "tensor_model_parallel_size")}})
+               for k, v in vars(ns).items() if k in wanted}})
 print("PARSED " + json.dumps(out))
 """
     env = {**os.environ, "PYTHONPATH": str(NEWEST)}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], input=json.dumps(command_lines), env=env,
+    request = json.dumps({"argvs": command_lines, "extra": list(extra_fields)})
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], input=request, env=env,
                           capture_output=True, text=True, timeout=300)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("PARSED ")), None)
     assert line is not None, proc.stderr[-3000:]

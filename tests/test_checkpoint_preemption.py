@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from resilience_support.launch import launch, once_more_on_port_clash, wait_for
+from resilience_support.launch import launch, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,6 @@ def _reference(root: Path):
     return run
 
 
-@once_more_on_port_clash
 def _issue17(root: Path):
     """SIGTERM to ft_launcher (as Slurm signals the step's task) once step 28 is logged."""
     overrides = PRODUCTION + ASYNC_20
@@ -109,7 +108,6 @@ def _issue17(root: Path):
     return first, second
 
 
-@once_more_on_port_clash
 def _killed_after_commit(root: Path):
     """SIGKILL rank 1 as soon as the async save of step 20 is committed (ft_launcher restarts the workers)."""
     run = launch(root / "killed", PRODUCTION + ASYNC_20, max_restarts=1)

@@ -47,7 +47,8 @@ BAD_VALUES = [
     (lambda: CheckpointConfig(keep_last_n=0), "checkpoint.keep_last_n: must be an integer >= 1, got 0"),
     (lambda: CheckpointConfig(save_interval=10), "checkpoint.save: must be set when checkpoint.save_interval is set"),
     (lambda: FaultToleranceConfig(simulated_fault_type="rank_slow"),
-     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception'], got 'rank_slow'"),
+     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception', 'rank_stalled', "
+     "'nan'], got 'rank_slow'"),
     (lambda: StragglerConfig(gpu_relative_perf_threshold=1.5),
      "straggler.gpu_relative_perf_threshold: must be a number in [0, 1], got 1.5"),
     (lambda: RerunConfig(rerun_mode="always"),

@@ -20,7 +20,7 @@ import struct
 
 import pytest
 from dashboards_support import read_tensorboard, read_wandb_offline
-from resilience_support.launch import launch, once_more_on_port_clash
+from resilience_support.launch import run_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -36,19 +36,13 @@ def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-@once_more_on_port_clash  # both launches share one run_dir: a clash in either replays the whole scenario afresh
-def restart_then_requeue(root):
-    first = launch(root / "run", COMMON + FAULT, max_restarts=1, env=OFFLINE)
-    first.wait(WAIT)
-    requeue = launch(root / "run", COMMON, max_restarts=0,
-                     env={**OFFLINE, "SLURM_RESTART_COUNT": "1"})  # no SLURM_JOB_ID: NVRx 0.7 would check srun
-    requeue.wait(WAIT)
-    return first, requeue
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return restart_then_requeue(tmp_path_factory.mktemp("dashboards"))
+    root = tmp_path_factory.mktemp("dashboards")
+    first = run_to_end(root / "run", COMMON + FAULT, max_restarts=1, timeout=WAIT, env=OFFLINE)
+    requeue = run_to_end(root / "run", COMMON, max_restarts=0, timeout=WAIT,
+                         env={**OFFLINE, "SLURM_RESTART_COUNT": "1"})  # no SLURM_JOB_ID: NVRx 0.7 would check srun
+    return first, requeue
 
 
 def test_the_scenario_ran_as_planned(run):

@@ -56,6 +56,11 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
         "heartbeat timer); hangs are caught by the section timeouts setup=600.0 step=180.0 checkpointing=420.0 "
         "out-of-section=300.0",
         "FaultTolerancePlugin: executor.launcher: None -> ft_launcher (run.FaultTolerance)",
+        "FaultTolerancePlugin: executor.env_vars['MEGATRON_RESILIENCE_JOB_PORT'] = '$((25000+SLURM_JOB_ID%1942*4))': "
+        "the job's own port block (rendezvous, process-group store, in-process store), outside the kernel's "
+        "ephemeral range",
+        "FaultTolerancePlugin: executor.launcher.rdzv_port: 29500 -> $MEGATRON_RESILIENCE_JOB_PORT (nemo_run's fixed "
+        "port is shared by every job on the head node)",
         "FaultTolerancePlugin: executor.retries: 0 -> 3 (num_job_retries_on_failure=2: nemo_run's FT sbatch script "
         "stops requeueing once TORCHX_MAX_RETRIES=executor.retries attempts in a row failed, so a failing job runs "
         "1 + 2 times)",
@@ -226,9 +231,10 @@ def test_ft_yaml_is_loaded_by_nvidia_resiliency_ext(tmp_path):
 
 
 @pytest.mark.parametrize("version, env, cli_fields", [
-    ("0.3", ["PET_FAULT_TOL_CFG_PATH"], None),  # --ft-param-* only: everything goes through the YAML
-    ("0.4.1", ["PET_FT_CFG_PATH"], 5.0),
-    ("0.7", ["PET_FT_CFG_PATH"], 5.0),  # 0.7: its "do not restart" code goes to the job-level config
+    # (every release: the job's own port block, MEGATRON_RESILIENCE_JOB_PORT)
+    ("0.3", ["PET_FAULT_TOL_CFG_PATH", "MEGATRON_RESILIENCE_JOB_PORT"], None),  # --ft-param-* only: all in the YAML
+    ("0.4.1", ["PET_FT_CFG_PATH", "MEGATRON_RESILIENCE_JOB_PORT"], 5.0),
+    ("0.7", ["PET_FT_CFG_PATH", "MEGATRON_RESILIENCE_JOB_PORT"], 5.0),  # 0.7: no-restart code to the job-level config
 ])
 def test_rendering_follows_nvrx_version(tmp_path, version, env, cli_fields):
     from megatron_resilience import upstream

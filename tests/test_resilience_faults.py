@@ -24,7 +24,6 @@ from resilience_support.launch import (
     Run,
     launch,
     log_time,
-    once_more_on_port_clash,
     run_to_end,
     wait_for,
 )
@@ -77,7 +76,6 @@ def _hung_checkpoint(root):
         max_restarts=0, timeouts={"checkpointing": HUNG_CHECKPOINT_TIMEOUT}, timeout=WAIT)
 
 
-@once_more_on_port_clash
 def _preempted(root):
     overrides = BASE + ["train.exit_signal_handler=true"]
     first = launch(root / "preempted", overrides, max_restarts=0)
@@ -119,7 +117,6 @@ def _straggler(root):
         max_restarts=0, fake_cupti=True, timeout=WAIT)
 
 
-@once_more_on_port_clash
 def _exhausted(root):
     run = launch(root / "exhausted", BASE, max_restarts=1)
     killed = set()

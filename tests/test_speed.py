@@ -30,7 +30,7 @@ ARGS = {
     "resilience_overhead": ["--nproc", "1", "--blocks", "2", "--block-steps", "1", "--isolated-chunks", "2",
                             "--isolated-steps", "3"],
     "recovery": ["--nproc", "1", "--faults", "rank_killed", "--modes", "sync", "--saves", "2", "--save-interval", "3",
-                 "--concurrent"],
+                 "--variants", "inprocess", "--concurrent"],
 }
 MARKS = ["entered", "imports", "distributed", "model", "optimizer", "data", "checkpoint_load"]
 
@@ -133,6 +133,20 @@ def test_recovery_splits_the_restart_and_times_saves_and_preemption(results):
     # Causality: each phase ends after it starts (process start: /proc's 10 ms clock ticks against log times).
     assert phases["process start"] > -0.05 and all(v >= 0 for k, v in phases.items() if k != "process start")
     assert (fault["resumed_from"], fault["first_step"]) == (5, 6)
+
+    # The in-process variant (issue 24; the side-by-side figures are the benchmark's, docs/fast-recovery.md): the
+    # same exception recovered without a new process, from the in-memory copy of the newest local checkpoint.
+    inprocess = data["variants"]["inprocess"]
+    assert list(inprocess["phases_s"]) == ["detection", "restart", "imports", "distributed init", "model",
+                                           "optimizer", "data", "checkpoint load", "first step", "recompute"]
+    assert sum(inprocess["phases_s"].values()) == pytest.approx(inprocess["total_s"])
+    assert all(v >= 0 for v in inprocess["phases_s"].values()), inprocess["phases_s"]
+    assert (inprocess["resumed_tier"], inprocess["resumed_from"], inprocess["last_step_before"]) == ("memory", 7, 7)
+    assert (inprocess["attempt"]["inprocess_restart"], inprocess["attempt"]["in_job_restart"]) == (1, 0)
+    row = next(r for r in _table_rows(text, "| recovered by | detection | restart | imports | distributed init | model "
+                                            "| optimizer | data | checkpoint load | first step | recompute | total "
+                                            "| vs process restart (persistent) | resumed from |"))
+    assert (row[0], row[-1]) == ("in-process restart, in-memory checkpoint", "memory step 7")
 
     sync = data["saves"]["sync"]
     assert sync["rc"] == 0

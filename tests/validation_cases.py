@@ -81,7 +81,8 @@ TASK_CASES = [
     (["ft.mode=always"], "ft.mode: must be one of ['sections', 'heartbeats'], got 'always'", ALL),
     (["ft.min_learned_timeout=0"], "ft.min_learned_timeout: must be a number > 0, got 0.0", ALL),
     (["ft.simulated_fault_type=rank_slow"],
-     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception'], "
+     "ft.simulated_fault_type: must be one of ['rank_hung', 'rank_killed', 'random', 'exception', 'rank_stalled', "
+     "'nan'], "
      "got 'rank_slow'", ALL),
     (["ft.simulated_fault_step=999"], "ft.simulated_fault_step: must be <= train.max_steps=50, got 999", ALL),
     (["ft.simulated_fault_section=checkpointing"],
@@ -138,7 +139,8 @@ TASK_CASES = [
      "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["trian.max_steps=3"],
      "trian.max_steps: unknown key; did you mean train.max_steps? sections: run_dir, model, parallel, data, optim, "
-     "train, checkpoint, ft, straggler, rerun, logger (every key: python -m megatron_resilience --help)", NO_PYTHON),
+     "train, checkpoint, ft, straggler, rerun, logger, inprocess (every key: python -m megatron_resilience --help)",
+     NO_PYTHON),
     (["optim.learning_rate=0.1"],
      "optim.learning_rate: unknown key; valid keys in optim: optim.optimizer, optim.lr, optim.min_lr, "
      "optim.lr_warmup_steps, optim.lr_decay_steps, optim.lr_decay_style, optim.weight_decay, optim.adam_beta1, "

@@ -13,6 +13,8 @@ Plain data, stdlib only.
 
 from __future__ import annotations
 
+from megatron_resilience.config.inprocess import BRIDGE_FIELDS
+
 # Bridge's NVRxStragglerDetectionConfig and our StragglerConfig share these fields one to one.
 _STRAGGLER_FIELDS = (
     "enabled", "report_time_interval", "calc_relative_gpu_perf", "calc_individual_gpu_perf",
@@ -22,12 +24,18 @@ _STRAGGLER_FIELDS = (
 # Megatron-LM's / Bridge's RerunStateMachineConfig and our RerunConfig share these fields.
 _RERUN_FIELDS = ("rerun_mode", "check_for_nan_in_loss", "check_for_spiky_loss", "error_injection_rate",
                  "error_injection_type")
+_INPROCESS_FIELDS = BRIDGE_FIELDS
 
 KEY_ALIASES: dict[str, str] = {
     "ft.enable_ft_package": "ft.enabled",  # Megatron-Bridge FaultToleranceConfig / Megatron-LM --enable-ft-package
     "train.train_iters": "train.max_steps",  # Megatron-LM --train-iters, Bridge train.train_iters
     **{f"nvrx_straggler.{name}": f"straggler.{name}" for name in _STRAGGLER_FIELDS},
     **{f"rerun_state_machine.{name}": f"rerun.{name}" for name in _RERUN_FIELDS},
+    # Megatron-Bridge's InProcessRestartConfig is our inprocess section (same field names and meanings).
+    **{f"inprocess_restart.{name}": f"inprocess.{name}" for name in _INPROCESS_FIELDS},
+    # Megatron-Bridge's CheckpointConfig spelling of the non-persistent (local) tier.
+    "checkpoint.non_persistent_local_ckpt_dir": "checkpoint.local_dir",
+    "checkpoint.non_persistent_save_interval": "checkpoint.local_interval",
 }
 
 # Values that other projects spell differently for the same setting, per canonical key.

@@ -1,6 +1,13 @@
 """Checkpointing with Megatron-Core dist_checkpointing: where, how often, how many to keep.
 
-How often: ``interval_policy="fixed"`` saves every ``save_interval`` steps. ``"young_daly"`` lets the
+Two tiers: the persistent one (``save``/``save_interval``, a shared filesystem) and an optional
+non-persistent one (``local_dir``/``local_interval``: each rank's part on node-local storage, replicated to
+``replication_factor - 1`` peers ``replication_jump`` ranks away, i.e. on other nodes), saved more often
+because it is cheap. Resume takes the newest complete checkpoint of either tier (runtime/local_checkpoint.py).
+Names follow Megatron-LM's ``--non-persistent-local-ckpt-dir``, ``--non-persistent-save-interval``,
+``--replication-factor`` and ``--replication-jump``.
+
+How often (persistent tier): ``interval_policy="fixed"`` saves every ``save_interval`` steps. ``"young_daly"`` lets the
 trainer choose the interval itself (``runtime/checkpoint_interval.py``): Daly's optimum for the save
 cost C it measures and the run's mean time between failures M (its own once it has seen 3 failures,
 ``expected_mtbf_hours`` until then), recomputed after every save and every restart; ``save_interval`` is
@@ -41,6 +48,11 @@ class CheckpointConfig:
     # after writing and before it is committed, to rehearse a preemption signal during a save, or a save at the
     # signal that cannot finish before the launcher kills the ranks. 0 = off.
     simulated_slow_save: float = 0.0
+    local_dir: str | None = None  # node-local folder of the non-persistent tier; None -> no local checkpoints
+    local_interval: int | None = None  # steps between local saves (None -> no local saves)
+    local_keep_last_n: int = 1  # local checkpoints kept per rank (the local tier's own keep-last-N)
+    replication_factor: int = 1  # ranks holding each rank's local part, itself included; 1 -> no replicas
+    replication_jump: int | None = None  # rank distance to a replica; None -> ranks per node (replicas on other nodes)
     interval_policy: str = "fixed"  # "fixed": every save_interval steps; "young_daly": chosen by the trainer
     # The job's expected mean time between failures, in hours: young_daly's M until the run has seen 3 failures
     # (the report also uses it for E*). Required with young_daly.
@@ -65,6 +77,21 @@ class CheckpointConfig:
             fail("checkpoint.load", "must be set when checkpoint.load_optional is true", None)
         if self.async_save and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.async_save is true", None)
+        if self.local_dir == "":
+            fail("checkpoint.local_dir", "must be a directory path or None", "")
+        check_int("checkpoint.local_interval", self.local_interval, minimum=1, allow_none=True)
+        check_int("checkpoint.local_keep_last_n", self.local_keep_last_n, minimum=1)
+        check_int("checkpoint.replication_factor", self.replication_factor, minimum=1)
+        check_int("checkpoint.replication_jump", self.replication_jump, minimum=1, allow_none=True)
+        if self.local_interval is not None and self.local_dir is None:
+            fail("checkpoint.local_dir", "must be set when checkpoint.local_interval is set", None)
+        if self.local_dir is not None and self.local_interval is None:
+            fail("checkpoint.local_interval", "must be set when checkpoint.local_dir is set", None)
+        if self.replication_factor > 1 and self.local_dir is None:
+            fail("checkpoint.replication_factor", "needs checkpoint.local_dir (replicas are of local checkpoints)",
+                 self.replication_factor)
+        if self.replication_jump is not None and self.replication_factor == 1:
+            fail("checkpoint.replication_jump", "needs checkpoint.replication_factor > 1", self.replication_jump)
         check_choice("checkpoint.interval_policy", self.interval_policy, INTERVAL_POLICIES)
         check_positive("checkpoint.expected_mtbf_hours", self.expected_mtbf_hours, allow_none=True)
         if self.interval_policy == "young_daly":
@@ -86,3 +113,14 @@ class CheckpointConfig:
         if self.load is None or self.load_optional:
             return False
         return self.save is None or os.path.abspath(self.load) != os.path.abspath(self.save)
+
+    def replication_groups_fit(self, world_size: int, ranks_per_node: int) -> str | None:
+        """Why the replication settings cannot split ``world_size`` ranks into replica groups (None: they can)."""
+        if self.replication_factor == 1:
+            return None
+        jump = self.replication_jump or ranks_per_node
+        span = jump * self.replication_factor
+        if world_size % span:
+            return (f"world size {world_size} is not a multiple of checkpoint.replication_jump x "
+                    f"checkpoint.replication_factor = {jump} x {self.replication_factor} = {span}")
+        return None

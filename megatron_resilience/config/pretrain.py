@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
+from megatron_resilience.config.inprocess import InProcessConfig
 from megatron_resilience.config.logger import LoggerConfig
 from megatron_resilience.config.memory import check_memory
 from megatron_resilience.config.model import ModelConfig
@@ -15,7 +16,8 @@ from megatron_resilience.config.parallel import ParallelConfig
 from megatron_resilience.config.resilience import FaultToleranceConfig, RerunConfig, StragglerConfig
 from megatron_resilience.config.training import TrainingConfig
 
-SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun", "logger")
+SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun", "logger",
+            "inprocess")
 
 
 @dataclass(kw_only=True)
@@ -31,6 +33,7 @@ class PretrainConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     rerun: RerunConfig = field(default_factory=RerunConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    inprocess: InProcessConfig = field(default_factory=InProcessConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_dir, str) or not self.run_dir:
@@ -39,7 +42,7 @@ class PretrainConfig:
             "model": ModelConfig, "parallel": ParallelConfig, "data": DataConfig, "optim": OptimizerConfig,
             "train": TrainingConfig, "checkpoint": CheckpointConfig, "ft": FaultToleranceConfig,
             "straggler": StragglerConfig, "rerun": RerunConfig,
-            "logger": LoggerConfig,
+            "logger": LoggerConfig, "inprocess": InProcessConfig,
         }
         for name, cls in expected.items():
             if not isinstance(getattr(self, name), cls):

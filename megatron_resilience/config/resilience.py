@@ -19,7 +19,10 @@ from megatron_resilience.config._validate import (
 )
 
 FT_MODES = ("sections", "heartbeats")
-SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random", "exception")
+# rank_stalled: the rank stops making progress but stays alive and responsive (a wait that never ends in Python);
+# nan: one of the rank's weights becomes NaN (its loss is NaN). What an in-process restart recovers; rank_hung
+# (SIGSTOP) and rank_killed end the process's usefulness.
+SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random", "exception", "rank_stalled", "nan")
 # What a rank with simulated_fault_type=exception dies of (printed and exited like the real thing).
 SIMULATED_EXCEPTIONS = ("cuda_oom", "nccl_timeout", "nccl_error")
 SIMULATED_FAULT_SECTIONS = ("step", "checkpointing")
@@ -67,7 +70,8 @@ class FaultToleranceConfig:
         check_choice("ft.simulated_fault_exception", self.simulated_fault_exception, SIMULATED_EXCEPTIONS)
         if not isinstance(self.simulated_fault_repeat, bool):
             fail("ft.simulated_fault_repeat", "must be true or false", self.simulated_fault_repeat)
-        for needs_step, value in (("simulated_fault_type", self.simulated_fault_type == "exception"),
+        at_a_step = self.simulated_fault_type in ("exception", "rank_stalled", "nan")
+        for needs_step, value in (("simulated_fault_type", at_a_step),
                                   ("simulated_fault_repeat", self.simulated_fault_repeat)):
             if value and self.simulated_fault_step is None:
                 fail(f"ft.{needs_step}", "needs ft.simulated_fault_step to be set (the fault fires at a step)",

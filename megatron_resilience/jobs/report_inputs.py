@@ -166,6 +166,9 @@ def local_window(records: list[dict[str, Any]]) -> AttemptWindow | None:
         ending, failure, running = PLANNED[0], False, False
     else:
         ending, failure, running = f"exit code {final.get('exit_code')}", True, False
+    # a process restart ended every cycle but those an in-process restart ended (their record names the cause)
+    endings = {k: "in_job_restart" for k, nxt in enumerate(starts[1:])
+               if nxt.get("restart") != "inprocess_restart"}
     return AttemptWindow(index=0, start=begin, end=end, job_id="local", ending=ending, failure=failure,
-                         running=running, cycle_endings={k: "in_job_restart" for k in range(len(starts) - 1)},
+                         running=running, cycle_endings=endings,
                          nodes=[os.uname()[1]])

@@ -21,15 +21,27 @@ and a GC pause, a slow filesystem or a busier node would get healthy ranks kille
 
 Not under ft_launcher (no ``FT_RANK_MONITOR_IPC_SOCKET``): one log line, and
 every call is a no-op.
+
+With in-process restart (``keep_connection``) the process keeps one connection to its rank monitor for its
+whole life: a restarted training function takes it over with every section closed, instead of connecting
+again (the monitor takes a second connection of the same process for a restart of the worker group, and a
+lost connection during one as an abort: section messages then fail). Each message to the monitor is then sent
+inside the wrapper's ``atomic()`` block, so the restart's asynchronous interrupt never lands between a message
+and its reply (which would leave the connection out of step for the next call). A section an exception leaves
+is then not closed on the way out: the wrapper's monitor thread holds the ``atomic()`` lock from its first
+interrupt until the soft timeout, and then interrupts again and again, so a message sent while unwinding would
+wait for it and be interrupted (and could interrupt the wrapper's own handling after it); the next call closes
+what was left open (``start``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, ContextManager, Iterator
 
 from megatron_resilience import upstream
 from megatron_resilience.config.resilience import FaultToleranceConfig
@@ -41,9 +53,14 @@ WARMUP_STEPS = 1  # per process: the first step is out of section
 MIN_STEPS_FOR_STEP_TIMEOUT = 16  # observed step sections before the step timeout is learned
 
 
+_KEPT: dict[str, object] = {}  # "client": the connection kept across in-process restarts
+
+
 class FaultTolerance:
     def __init__(self, cfg: FaultToleranceConfig, *, rank: int, save_dir: str | None, load_dir: str | None,
-                 async_save: bool) -> None:
+                 async_save: bool, keep_connection: bool = False) -> None:
+        self.keep_connection = keep_connection
+        self.atomic: Callable[[], ContextManager] = contextlib.nullcontext  # in-process restart: CallWrapper.atomic
         self.cfg = cfg
         self.rank = rank
         self.save_dir = save_dir
@@ -71,12 +88,21 @@ class FaultTolerance:
                 self.log.warning("ft.enabled=true but this process was not started by ft_launcher "
                                  f"({RANK_MONITOR_SOCKET_ENV} is not set): hang detection is off for this run")
             return
-        ft = upstream.import_fault_tolerance()
-        client = ft.RankMonitorClient()
-        state = self._read_state()
-        if state is not None:
-            client.load_state_dict(state)
-        client.init_workload_monitoring()
+        client = _KEPT.get("client") if self.keep_connection else None
+        if client is not None:
+            with self.atomic():  # a fault may have left setup (or another section) open
+                closed = upstream.ft_end_all_sections(client)
+            if closed:
+                self.log.info(f"FT: closed section(s) {closed} left open by the interrupted training function")
+        else:
+            ft = upstream.import_fault_tolerance()
+            client = ft.RankMonitorClient()
+            state = self._read_state()
+            if state is not None:
+                client.load_state_dict(state)
+            client.init_workload_monitoring()
+            if self.keep_connection:
+                _KEPT["client"] = client
         self.client = client
         self.sections = upstream.ft_section_names(client.cfg)
         cfg = client.cfg
@@ -109,6 +135,7 @@ class FaultTolerance:
         if update_timeouts:
             self._maybe_update_timeouts(closing=True)
         self.client.shutdown_workload_monitoring()
+        _KEPT.pop("client", None)
         self.client = None
 
     # --- sections -------------------------------------------------------------------------------------------
@@ -120,20 +147,29 @@ class FaultTolerance:
             self._open("step")
         try:
             yield
-        finally:
-            if monitored:
-                self._close("step")
-                self.step_sections_seen += 1
-            self.steps_seen += 1
-            self._heartbeat()
+        except BaseException:
+            if not self.keep_connection:
+                self._end_step(monitored)
+            raise
+        self._end_step(monitored)
+
+    def _end_step(self, monitored: bool) -> None:
+        if monitored:
+            self._close("step")
+            self.step_sections_seen += 1
+        self.steps_seen += 1
+        self._heartbeat()
 
     @contextmanager
     def checkpointing(self) -> Iterator[None]:
         self._open("checkpointing")
         try:
             yield
-        finally:
-            self._close("checkpointing")
+        except BaseException:
+            if not self.keep_connection:
+                self._close("checkpointing")
+            raise
+        self._close("checkpointing")
         self.checkpoints_seen += 1
         self._heartbeat()
         self._maybe_update_timeouts(closing=False)
@@ -240,11 +276,13 @@ class FaultTolerance:
 
     def _open(self, name: str) -> None:
         if self._monitored(name):
-            self.client.start_section(name)
+            with self.atomic():
+                self.client.start_section(name)
 
     def _close(self, name: str) -> None:
         if self._monitored(name):
-            self.client.end_section(name)
+            with self.atomic():
+                self.client.end_section(name)
 
     def _monitored(self, name: str) -> bool:
         if not self.active or self.cfg.mode != "sections":
@@ -255,7 +293,8 @@ class FaultTolerance:
 
     def _heartbeat(self) -> None:
         if self.active and self.cfg.mode == "heartbeats":
-            self.client.send_heartbeat()
+            with self.atomic():
+                self.client.send_heartbeat()
 
 
 def floor_timeouts_dict(timeouts: dict, floor: float) -> list[tuple[str, float]]:

@@ -62,7 +62,8 @@ class ResilienceHooks(TrainingHooks):
         self.log = get_logger("hooks", rank)
         ckpt = config.checkpoint
         self.ft = FaultTolerance(config.ft, rank=rank, save_dir=ckpt.save, load_dir=ckpt.load_dir,
-                                 async_save=ckpt.async_save) if config.ft.enabled else None
+                                 async_save=ckpt.async_save,
+                                 keep_connection=config.inprocess.enabled) if config.ft.enabled else None
         self.fault = SimulatedFault(config.ft, rank=rank, world_size=world_size)
         train = config.train
         self.signals = handler_for(train.exit_signal, rank=rank) if train.exit_signal_handler else None
@@ -71,6 +72,8 @@ class ResilienceHooks(TrainingHooks):
         self.last_step = 0
         self.start_step = 0
         self._closed = False
+        # Called after every step, eval pass and save: in-process restart's progress ping (resilience/inprocess.py)
+        self.progress: Callable[[], None] = lambda: None
 
     # --- setup ----------------------------------------------------------------------------------------------
 
@@ -87,7 +90,7 @@ class ResilienceHooks(TrainingHooks):
         if self.ft is not None:
             self.ft.end_setup(loaded_checkpoint=state.step > 0)
         self.straggler.start()
-        self.fault.arm(state.step)
+        self.fault.arm(state.step, model=state.model)
 
     def dataloader_worker_init(self, worker_id: int) -> None:
         """In each DataLoader worker: with train.exit_signal_handler_for_dataloader, ignore the exit signal so
@@ -105,6 +108,7 @@ class ResilienceHooks(TrainingHooks):
         with section:
             self.fault.at_step_start(step)
             yield
+        self.progress()
         self.last_step = step
         self._phase(f"after step {step}", step)
 
@@ -114,6 +118,7 @@ class ResilienceHooks(TrainingHooks):
     @contextmanager
     def eval_section(self) -> Iterator[None]:
         yield
+        self.progress()
         if self.ft is not None:
             self.ft.after_eval()
 
@@ -124,6 +129,7 @@ class ResilienceHooks(TrainingHooks):
         with section:
             self.fault.in_checkpointing(self.last_step)
             yield
+        self.progress()
         self._phase(f"after step {self.last_step}", self.last_step)
 
     def stop_requested(self, state: TrainState) -> str | None:

@@ -2,7 +2,13 @@
 
 ``rank_killed`` SIGKILLs the rank; ``rank_hung`` SIGSTOPs it (the process stays
 alive but silent, which only the FT rank monitor's timeouts can detect and
-end); ``random`` picks one of the two. ``exception`` makes the rank die the way
+end); ``random`` picks one of the two. ``rank_stalled`` stops the rank's progress
+while it stays alive and responsive (a wait in Python that never ends, as a rank
+polling for a peer that never answers): the in-process restart's soft timeout
+interrupts it and every rank restarts in-process; without in-process restart FT's
+section timeout ends it like a hang. ``nan`` corrupts one weight of the rank's model to NaN (silent data
+corruption): its loss is NaN and the rerun state machine's NaN check rejects it (``rerun.rerun_mode=disabled``:
+the rank raises; an in-process restart restores the weights from a checkpoint). ``exception`` makes the rank die the way
 a real failure kills it, with the same output, so the job-level classifier
 sees what it would see on a cluster (``ft.simulated_fault_exception``):
 ``cuda_oom`` raises ``torch.OutOfMemoryError`` with PyTorch's message (uncaught:
@@ -18,13 +24,13 @@ When: with ``ft.simulated_fault_step`` at the start of that step (section
 after setup, from a timer thread.
 
 A fault fires only on the job's first attempt: ``TORCHELASTIC_RESTART_COUNT``
-(ft_launcher's in-job restarts) and ``SLURM_RESTART_COUNT`` (requeues) must both
-be 0, and a step fault also needs the run to start before that step. Otherwise
-the restarted job would resume before step k, hit the fault again, and loop until
-its restarts ran out instead of proving that it recovers. With
-``ft.simulated_fault_repeat`` it fires on every attempt instead, ``simulated_fault_step``
-steps after the step the attempt resumed from: a failure that recurs (retry
-budgets, restart loops).
+(ft_launcher's in-job restarts), ``SLURM_RESTART_COUNT`` (requeues) and
+``MEGATRON_RESILIENCE_INPROCESS_RESTART`` (in-process restarts) must all be 0, and
+a step fault also needs the run to start before that step. Otherwise the restarted
+job would resume before step k, hit the fault again, and loop until its restarts ran
+out instead of proving that it recovers. With ``ft.simulated_fault_repeat`` it fires
+on every attempt instead, ``simulated_fault_step`` steps after the step the attempt
+resumed from: a failure that recurs (retry budgets, restart loops).
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ from megatron_resilience.resilience import _dist
 from megatron_resilience.resilience.log import get_logger
 
 
-def restart_counts() -> tuple[int, int]:
-    """(in-job restarts by ft_launcher/torchrun, Slurm requeues + resubmissions by the job-level watcher)."""
+def restart_counts() -> tuple[int, int, int]:
+    """(in-job restarts by ft_launcher/torchrun, Slurm requeues + resubmissions by the job-level watcher,
+    in-process restarts)."""
     return (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-            + int(os.environ.get("MEGATRON_RESILIENCE_RESUBMISSION", "0") or 0))
+            + int(os.environ.get("MEGATRON_RESILIENCE_RESUBMISSION", "0") or 0),
+            int(os.environ.get("MEGATRON_RESILIENCE_INPROCESS_RESTART", "0") or 0))
 
 
 class SimulatedFault:
@@ -59,8 +67,9 @@ class SimulatedFault:
         self.target: int | None = None
         self.fire_step: int | None = cfg.simulated_fault_step
 
-    def arm(self, start_step: int) -> None:
+    def arm(self, start_step: int, model=None) -> None:
         """After setup (collective when the rank is drawn at random): decide whether and where to fire."""
+        self.model = model  # the ``nan`` fault corrupts one of its weights
         if not self.cfg.simulate_fault:
             return
         target = self.cfg.simulated_fault_rank
@@ -71,13 +80,14 @@ class SimulatedFault:
             self.log.warning(f"ft.simulated_fault_rank={target} is not a rank of this job "
                              f"(world size {self.world_size}): no fault is simulated")
             return
-        in_job, requeues = restart_counts()
+        in_job, requeues, inprocess = restart_counts()
         step = self.cfg.simulated_fault_step
         if self.cfg.simulated_fault_repeat:
             step = self.fire_step = start_step + step
             reason = None
-        elif in_job or requeues:
-            reason = f"this is a restart (in-job restarts={in_job}, requeues={requeues})"
+        elif in_job or requeues or inprocess:
+            reason = (f"this is a restart (in-job restarts={in_job}, requeues={requeues}"
+                      f"{f', in-process restarts={inprocess}' if inprocess else ''})")
         elif step is not None and start_step >= step:
             reason = f"the run resumes after step {start_step}, past ft.simulated_fault_step={step}"
         else:
@@ -123,6 +133,16 @@ class SimulatedFault:
         sys.stdout.flush()
         if self.kind.startswith("exception:"):
             die_like_the_real_thing(self.kind.split(":", 1)[1], rank=self.rank, step=step)
+        if self.kind == "nan":
+            import torch
+
+            param = next(p for chunk in self.model for p in chunk.parameters())
+            with torch.no_grad():
+                param.view(-1)[0] = float("nan")
+            return
+        if self.kind == "rank_stalled":
+            while True:  # alive, responsive, and never done: only a timeout ends it
+                time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGSTOP if self.kind == "rank_hung" else signal.SIGKILL)
 
 

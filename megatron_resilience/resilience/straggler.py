@@ -66,6 +66,8 @@ class StragglerDetection:
         import torch
 
         straggler = upstream.import_straggler()
+        if getattr(straggler.Detector, "initialized", False):  # an in-process restart: the last call never shut it
+            straggler.Detector.shutdown()
         try:
             straggler.Detector.initialize(
                 scores_to_compute=scores, gather_on_rank0=True, profiling_interval=self.cfg.profiling_interval,

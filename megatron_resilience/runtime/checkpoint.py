@@ -76,7 +76,8 @@ class _Save:
 
     def record(self, *, path: str, nbytes: int | None) -> dict[str, Any]:
         durable = time.time()
-        return {"step": self.step, "reason": self.reason, "async": self.is_async, "start_time": self.start_time,
+        return {"step": self.step, "reason": self.reason, "tier": "persistent", "async": self.is_async,
+                "start_time": self.start_time,
                 "blocking_s": self.blocking_s, "durable_time": durable, "lag_s": durable - self.start_time,
                 "bytes": nbytes, "first_in_process": self.first_in_process, "path": path}
 
@@ -151,6 +152,14 @@ class CheckpointManager:
             return self.interval.due(step)
         interval = self.config.save_interval
         return self.config.save is not None and interval is not None and step > 0 and step % interval == 0
+
+    def newest_complete_step(self) -> int | None:
+        """Collective: the step of the newest complete checkpoint under ``checkpoint.load`` (None: none)."""
+        root = self.config.load_dir
+        if root is None:
+            return None
+        candidates = _broadcast_object(layout.complete_checkpoints(root) if _rank() == 0 else None)
+        return candidates[0] if candidates else None
 
     def take_interval_changes(self) -> list[dict[str, Any]]:
         """``checkpoint_interval`` records of the decisions since the last call (young_daly; rank 0)."""

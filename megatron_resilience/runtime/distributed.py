@@ -19,6 +19,8 @@ import torch
 
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.ports import job_ports
+from megatron_resilience.runtime.job_store import process_group_store, uses_job_store
 from megatron_resilience.runtime.launch_env import adopted_from_slurm, launch_env
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def group_timeout(config: PretrainConfig, backend: str) -> datetime.timedelta:
+    """Every process group's timeout: 10 minutes, or what in-process restart needs (config/inprocess.py)."""
+    if config.inprocess.enabled:
+        return datetime.timedelta(seconds=config.inprocess.group_timeout_seconds(backend))
+    return datetime.timedelta(minutes=10)
+
+
 def init_distributed(config: PretrainConfig) -> DistInfo:
     """Initialise the process group and Megatron-Core's TP/PP/DP groups; fail clearly on a bad world size."""
     launch = launch_env()
@@ -67,21 +76,26 @@ def init_distributed(config: PretrainConfig) -> DistInfo:
     else:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    timeout = group_timeout(config, backend)
     if not torch.distributed.is_initialized():
         if "MASTER_ADDR" not in os.environ:  # single process without a launcher
             os.environ["MASTER_ADDR"] = "127.0.0.1"
             os.environ["MASTER_PORT"] = str(_free_port())
-        torch.distributed.init_process_group(
-            backend="gloo" if device.type == "cpu" else "nccl",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(minutes=10),
-        )
+        ports = job_ports(os.environ) if uses_job_store() else None
+        store = None if ports is None else process_group_store(ports, rank=rank, world_size=world_size,
+                                                               timeout=timeout)
+        torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
+                                             store=store)
     from megatron.core import parallel_state
 
     tp, pp = config.parallel.tensor_model_parallel_size, config.parallel.pipeline_model_parallel_size
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        # In-process restart: every subgroup gets the world's timeout (Megatron-Core's unit is minutes; fractions
+        # are kept). Otherwise Megatron-Core's default (30 minutes).
+        extra = {"distributed_timeout_minutes": timeout.total_seconds() / 60} if config.inprocess.enabled else {}
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                                 **extra)
     info = DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device, tp=tp, pp=pp, dp=dp)
     if rank == 0:
         log.info("distributed: world_size=%d tp=%d pp=%d dp=%d device=%s backend=%s",

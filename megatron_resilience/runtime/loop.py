@@ -47,7 +47,7 @@ class TrainContext:
     dist: DistInfo
     state: TrainState
     hooks: TrainingHooks
-    checkpoints: Any  # runtime.checkpoint.CheckpointManager
+    checkpoints: Any  # runtime.local_checkpoint.TieredCheckpoints
     metrics: MetricsLogger
     datasets: Any
     train_iterator: Any
@@ -229,6 +229,16 @@ def save_checkpoint(ctx: TrainContext, why: str) -> None:
         log.info("checkpoint: saved step %d (%s) in %.2f s", ctx.state.step, why, seconds)
 
 
+def save_local_checkpoint(ctx: TrainContext) -> None:
+    """The non-persistent tier's save (node-local, replicated; runtime/local_checkpoint.py), inside FT's
+    checkpointing section like any save."""
+    with ctx.hooks.checkpoint_section():
+        seconds = ctx.checkpoints.save_local(ctx.state)
+    record_durable_checkpoints(ctx)
+    if ctx.dist.rank == 0:
+        log.info("checkpoint: saved step %d to the local tier in %.2f s", ctx.state.step, seconds)
+
+
 def record_durable_checkpoints(ctx: TrainContext) -> None:
     """A ``checkpoint`` record in metrics.jsonl for each save that became durable (committed) since last time,
     and a ``checkpoint_interval`` record for each interval the trainer chose (``checkpoint.interval_policy``)."""
@@ -340,6 +350,8 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
             if not stop:
                 save_checkpoint(ctx, why)
                 last_saved = step
+        if not stop and step != t.max_steps and ctx.checkpoints.should_save_local(step):
+            save_local_checkpoint(ctx)
         # After the periodic save: a signal that arrived during it stops the run right away ("already saved").
         stop = stop or hooks.after_step(state)
         for kind, fields in hooks.take_records():

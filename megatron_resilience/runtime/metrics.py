@@ -5,15 +5,24 @@ Every JSON line has a ``kind``:
 - ``"train"``: ``step, loss, lr, grad_norm, step_time_s, tokens_per_s, consumed_samples, time``;
 - ``"eval"``: ``step, eval_loss, duration_s`` (the evaluation's wall time), ``time``;
 - ``"start"``: ``step`` (the step training resumes from), ``consumed_samples``, ``resumed``,
-  ``resumed_from`` (checkpoint step or null), ``attempt`` (``slurm_restart``, ``in_job_restart``,
-  ``job_id``), ``last_logged_step`` (the highest step logged before this start, or null), ``restart``,
-  ``totals`` and, for a requeue the job-level classifier explained, ``cause`` (``runtime/run_history.py``),
-  ``versions`` (torch, megatron-core, nvidia-resiliency-ext, nemo-run), ``world_size``, ``tp``, ``pp``,
-  ``dp``, ``dashboards`` (where TensorBoard / W&B files go): one per (re)start;
+  ``resumed_from`` (checkpoint step or null), ``resumed_tier`` ("memory", "local", "persistent" or null),
+  ``attempt`` (``slurm_restart``, ``in_job_restart``, ``inprocess_restart`` (0 on a process's first
+  call of the training function), ``job_id``), ``last_logged_step`` (the highest step logged before this
+  start, or null), ``restart``, ``totals`` and, for a requeue the job-level classifier explained, ``cause``
+  (``runtime/run_history.py``), ``versions`` (torch, megatron-core, nvidia-resiliency-ext, nemo-run),
+  ``world_size``, ``tp``, ``pp``, ``dp``, ``dashboards`` (where TensorBoard / W&B files go), ``setup``
+  (wall-clock marks, runtime/setup_timeline.py): one per (re)start, in-process restarts included;
+- ``"inprocess_restart"``: one per in-process restart, written by rank 0 once the restarted training
+  function has restored its state (just before its ``start`` record): ``iteration`` (k >= 1, the
+  ``start`` record's ``attempt.inprocess_restart``), ``fault_time`` (epoch seconds when the first rank raised,
+  or null: no rank raised, e.g. a stall), ``detected_time`` (the first rank's wrapper began to abort),
+  ``cause`` (short: "exception on rank 1", "soft_timeout on ranks 0,1"), ``began_time`` (the restarted
+  function began), ``restored_from``
+  (``{"tier": "memory" | "local" | "persistent" | null, "step": N | null}``);
 - ``"checkpoint"``: one per save, written when it became durable (committed): ``step``, ``reason``
-  ("interval", "finished", a stop reason, ...), ``async``, ``start_time`` (requested), ``blocking_s``
-  (training held up), ``durable_time``, ``lag_s`` (request to durable), ``bytes``, ``first_in_process``,
-  ``path``;
+  ("interval", "finished", a stop reason, ...), ``tier`` ("persistent", or "local" for the node-local
+  tier), ``async``, ``start_time`` (requested), ``blocking_s`` (training held up), ``durable_time``,
+  ``lag_s`` (request to durable), ``bytes``, ``first_in_process``, ``path``;
 - ``"signal"``: the exit signal stopped the run: ``signal``, ``received_time`` and ``received_during``
   (rank 0's), ``first_received_time`` (any rank), ``count``, ``step``, ``before_training``;
 - ``"checkpoint_interval"`` (``checkpoint.interval_policy=young_daly``): each interval the trainer chose:
@@ -48,18 +57,24 @@ log = logging.getLogger("megatron_resilience.metrics")
 METRICS_FILE = "metrics.jsonl"
 
 
+INPROCESS_RESTART_ENV = "MEGATRON_RESILIENCE_INPROCESS_RESTART"  # set per call by resilience/inprocess.py
+
+
 def attempt_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Which attempt this process is: Slurm requeues (``SLURM_RESTART_COUNT``), in-job restarts by
-    torchrun/ft_launcher (``TORCHELASTIC_RESTART_COUNT``) and the Slurm job id."""
+    torchrun/ft_launcher (``TORCHELASTIC_RESTART_COUNT``), in-process restarts (the wrapper's iteration: 0 on
+    the first call) and the Slurm job id."""
     env = os.environ if env is None else env
     return {"slurm_restart": int(env.get("SLURM_RESTART_COUNT") or 0),
             "in_job_restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0),
+            "inprocess_restart": int(env.get(INPROCESS_RESTART_ENV) or 0),
             "job_id": env.get("SLURM_JOB_ID") or None}
 
 
 def describe_attempt(attempt: Mapping[str, Any]) -> str:
     job = f" of job {attempt['job_id']}" if attempt.get("job_id") else ""
-    return f"in-job restart {attempt['in_job_restart']}, requeue {attempt['slurm_restart']}{job}"
+    inprocess = f", in-process restart {attempt['inprocess_restart']}" if attempt.get("inprocess_restart") else ""
+    return f"in-job restart {attempt['in_job_restart']}{inprocess}, requeue {attempt['slurm_restart']}{job}"
 
 
 def describe_resume(step: int, resumed: bool, last_logged_step: int | None) -> str:

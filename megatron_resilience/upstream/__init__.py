@@ -8,6 +8,8 @@ torch's launchers or megatron-core lives in this package and nowhere else, one m
 - :mod:`.nemorun`             ``import nemo_run`` without torch;
 - :mod:`.launcher`            ft_launcher flag spellings per nvidia-resiliency-ext version, forwarded signals;
 - :mod:`.nvrx_runtime`        nvidia-resiliency-ext on the compute node (module paths, rank-monitor internals);
+- :mod:`.nvrx_inprocess`      its in-process restart wrapper (health checks, messages) - imported on demand;
+- :mod:`.nvrx_local_checkpoint` its node-local checkpoints (replica fetch, groups, retention) - on demand;
 - :mod:`.dist_checkpointing`  megatron-core's checkpoint writer: its results queue, async strategy;
 - :mod:`.harmless_warnings`   upstream warnings that ask nothing of the user, silenced by their exact text;
 - :mod:`.mcore`               megatron-core layer specs, attention process groups and limits;
@@ -38,6 +40,7 @@ from megatron_resilience.upstream.launcher import (
 from megatron_resilience.upstream.nemorun import import_nemo_run
 from megatron_resilience.upstream.nvrx_runtime import (
     ft_calculate_and_set_timeouts,
+    ft_end_all_sections,
     ft_section_names,
     import_fault_tolerance,
     import_straggler,
@@ -47,7 +50,7 @@ from megatron_resilience.upstream.versions import installed_versions, package_ve
 
 __all__ = [
     "LAUNCHER_FORWARDED_SIGNALS", "NEMO_RUN_FT_PARAM_FIELDS", "NVRX_ASSUMED_VERSION", "TORCHRUN_SHUTDOWN_TIMEOUT_ENV",
-    "ft_calculate_and_set_timeouts", "ft_cfg_path_env", "ft_launcher_accepts_ignore_missing_cfg",
+    "ft_calculate_and_set_timeouts", "ft_cfg_path_env", "ft_end_all_sections", "ft_launcher_accepts_ignore_missing_cfg",
     "ft_launcher_accepts_nemo_run_flags", "ft_launcher_args_parser", "ft_param_flags", "ft_section_names",
     "import_fault_tolerance", "import_nemo_run", "import_straggler", "nemo_run_ft_param_flag",
     "nvrx_version_for_rendering", "package_version", "parse_version", "install_write_results_queue",

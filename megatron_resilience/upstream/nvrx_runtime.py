@@ -77,3 +77,25 @@ def ft_calculate_and_set_timeouts(client, *, heartbeats: bool, selected_sections
                                          current=client.section_timeouts)
     send(new_hb_timeouts=None, new_section_timeouts=adjust(timeouts))
     return True, True
+
+
+def ft_end_all_sections(client) -> list[str]:
+    """Close every section ``client`` has open, on the client and at its rank monitor; returns their names.
+
+    0.4.1: ``end_all_sections()`` sends CLOSE_ALL and clears the client's own bookkeeping. 0.7.0: it sends
+    nothing - the client filters messages of sections without a configured timeout, and CLOSE_ALL names no
+    section - and the client keeps its open sections, so the next ``start_section`` of one of them raises
+    "Tried to open step that is already open". There each open section is closed by name.
+    """
+    open_now = list(getattr(getattr(client, "timeouts_calc", None), "open_sections", None) or {})
+    filtered = getattr(client, "_should_monitor_section", None)
+    if callable(filtered) and not filtered(None):
+        for name in open_now:
+            try:
+                client.end_section(name)
+            except Exception:  # noqa: BLE001 - the monitor may have closed it already; the client's record is gone
+                pass
+    else:
+        client.end_all_sections()
+    return open_now
+

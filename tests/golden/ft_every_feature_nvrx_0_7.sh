@@ -35,6 +35,7 @@ export PET_FT_CFG_PATH=/cluster/experiments/gpt/gpt_preview/gpt/gpt_ft_cfg.yml
 export PET_FT_PER_CYCLE_APPLOG_PREFIX=/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_logs/cycle
 export NVRX_GPUS_PER_NUMA=4
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
+export MEGATRON_RESILIENCE_JOB_PORT=$((25000+SLURM_JOB_ID%1942*4))
 export LOGLEVEL=INFO
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher config >>>
 mkdir -p /lustre/runs/gpt/ckpt

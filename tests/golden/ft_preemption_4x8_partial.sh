@@ -34,6 +34,7 @@ head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 export PET_FT_CFG_PATH=/cluster/experiments/gpt/gpt_preview/gpt/gpt_ft_cfg.yml
 export PET_RDZV_CONF=join_timeout=300
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
+export MEGATRON_RESILIENCE_JOB_PORT=$((25000+SLURM_JOB_ID%1942*4))
 export LOGLEVEL=INFO
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher config >>>
 # ft_launcher reads its full config (incl. section timeouts) from this file via the env var below
@@ -160,7 +161,7 @@ echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} X" >> "$JOB_RESULTS_FILE"
 
 # Command 1
 
-srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint $head_node_ip:29500 --rdzv-id <random> --nnodes 4 --nproc-per-node 8 --node-rank $SLURM_NODEID --tee 3 -m nemo_run.core.runners.fdl_runner -n gpt /cluster/experiments/gpt/gpt_preview/gpt/configs/gpt_fn_or_script
+srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint $head_node_ip:${MEGATRON_RESILIENCE_JOB_PORT} --rdzv-id <random> --nnodes 4 --nproc-per-node 8 --node-rank $SLURM_NODEID --tee 3 -m nemo_run.core.runners.fdl_runner -n gpt /cluster/experiments/gpt/gpt_preview/gpt/configs/gpt_fn_or_script
 
 exitcode=$?
 

@@ -33,6 +33,7 @@ head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
 
 export PET_FT_CFG_PATH=/cluster/experiments/gpt/gpt_preview/gpt/gpt_ft_cfg.yml
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
+export MEGATRON_RESILIENCE_JOB_PORT=$((25000+SLURM_JOB_ID%1942*4))
 export LOGLEVEL=INFO
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher config >>>
 # ft_launcher reads its full config (incl. section timeouts) from this file via the env var below

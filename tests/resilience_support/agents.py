@@ -23,14 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resilience_support.launch import REPO, VENV_BIN, write_ft_yaml
+from resilience_support.ports import PortBlock, reserve
 
 from megatron_resilience.runtime.metrics import read_metrics
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def process_tree(pid: int) -> list[int]:
@@ -48,6 +43,13 @@ def process_tree(pid: int) -> list[int]:
         for child in children:
             out += process_tree(int(child))
     return out
+
+
+def free_port() -> int:
+    """A port free now (released again: for what a test hands to nemo_run, not for the trainer's stores)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @dataclass
@@ -77,6 +79,7 @@ class TwoAgentRun:
     agents: list[Agent]
     lost: dict = field(default_factory=dict)  # what lose_node/freeze_node did: node index, wall time, pids
     extra: dict = field(default_factory=dict)
+    ports: PortBlock | None = None
 
     @property
     def flag(self) -> Path:
@@ -127,6 +130,8 @@ class TwoAgentRun:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise AssertionError(f"agent {agent.index} did not finish within {timeout}s:\n{self.log()[-6000:]}")
+        if self.ports is not None and all(a.proc.poll() is not None for a in self.agents):
+            self.ports.release()
 
     def kill(self) -> None:
         """Kill every process both agents started (incl. stopped ones); leaves nothing behind."""
@@ -142,7 +147,7 @@ class TwoAgentRun:
 
 def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int, max_restarts: int = 1,
                       timeouts: dict | None = None, nnodes: str = "2", rdzv_conf: str = "",
-                      flags: tuple[str, ...] = ()) -> TwoAgentRun:
+                      flags: tuple[str, ...] = (), extra_env: dict[str, str] | None = None) -> TwoAgentRun:
     """Start two ft_launcher agents (one rank each) for ``-m megatron_resilience run_dir=... <overrides>``.
 
     ``nnodes="1:2"`` is an elastic node range (what ``FaultTolerancePlugin(min_nodes=1)`` renders); ``rdzv_conf``
@@ -151,12 +156,18 @@ def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int,
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {})
-    endpoint = f"127.0.0.1:{free_port()}"
+    block = None if "MEGATRON_RESILIENCE_JOB_PORT" in (extra_env or {}) else reserve()
+    # Both "nodes" are this host: nvidia-resiliency-ext 0.7's rendezvous refuses two launchers on one host unless
+    # told that it is meant (0.4.1 does not check).
+    extra_env = {**(block.env() if block else {}), "TORCH_CPP_LOG_LEVEL": "error",
+                 "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1", **(extra_env or {})}
+    # The agents' rendezvous on the block's rendezvous port (base + 0), as the plugin renders it for Slurm jobs.
+    endpoint = f"127.0.0.1:{int(extra_env['MEGATRON_RESILIENCE_JOB_PORT'])}"
     agents = []
     for index in range(2):
         conf = [f"join_timeout={join_timeout}", f"is_host={int(index == 0)}"] + ([rdzv_conf] if rdzv_conf else [])
         env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", PET_RDZV_CONF=",".join(conf))
+                   OMP_NUM_THREADS="1", PET_RDZV_CONF=",".join(conf), **(extra_env or {}))
         cmd = [str(VENV_BIN / "ft_launcher"), f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_dir.name}", f"--max-restarts={max_restarts}",
                "--monitor-interval=0.5", "--workers-stop-timeout=15", f"--ft-cfg-path={cfg}", *flags,
@@ -167,4 +178,4 @@ def launch_two_agents(run_dir: Path, overrides: list[str], *, join_timeout: int,
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         agents.append(Agent(index=index, proc=proc, log_path=log_path))
-    return TwoAgentRun(run_dir=run_dir, agents=agents)
+    return TwoAgentRun(run_dir=run_dir, agents=agents, ports=block)

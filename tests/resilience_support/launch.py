@@ -2,12 +2,12 @@
 
 Each run gets its own directory: ``ft.yaml`` (the launcher's FT config, written from the timeouts asked
 for), ``launcher.log`` (launcher + ranks, stdout and stderr), the trainer's ``metrics.jsonl``,
-``stop_reason.json``, ``ckpt/`` and the finished flag file.
+``stop_reason.json``, ``ckpt/`` and the finished flag file, and its own port block (``ports.py``): the
+trainer's stores never share a port with another launch, and a port clash is a failure like any other.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -17,6 +17,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from resilience_support.ports import PortBlock, reserve
+
+JOB_PORT_ENV = "MEGATRON_RESILIENCE_JOB_PORT"
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -35,6 +39,7 @@ class Run:
     returncode: int | None = None
     wall: float | None = None
     extra: dict = field(default_factory=dict)
+    ports: PortBlock | None = None
 
     @property
     def log_path(self) -> Path:
@@ -58,6 +63,9 @@ class Run:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the launcher's own process group (start_new_session)
             self.proc.wait()
             raise AssertionError(f"ft_launcher did not finish within {timeout}s; log tail:\n{self.log()[-3000:]}")
+        finally:
+            if self.proc.poll() is not None and self.ports is not None:
+                self.ports.release()
         self.wall = time.monotonic() - self.started
         return self.returncode
 
@@ -123,8 +131,9 @@ def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeou
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor, heartbeats=heartbeats)
-    env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=str(run_dir / "finished.flag"), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1", **(env or {}))
+    block = None if JOB_PORT_ENV in (env or {}) else reserve()
+    env = {**os.environ, "FAULT_TOL_FINISHED_FLAG_FILE": str(run_dir / "finished.flag"), "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "error", **(block.env() if block else {}), **(env or {})}
     if fake_cupti:
         env["PYTHONPATH"] = os.pathsep.join([str(FAKE_CUPTI), env.get("PYTHONPATH", "")])
     cmd = [str(VENV_BIN / "ft_launcher"), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
@@ -132,51 +141,14 @@ def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeou
            f"run_dir={run_dir}", f"checkpoint.save={run_dir / 'ckpt'}", "ft.enabled=true", *overrides]
     log = open(run_dir / "launcher.log", "ab")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return Run(run_dir=run_dir, proc=proc, started=time.monotonic())
-
-
-PORT_CLASH = "EADDRINUSE"
+    return Run(run_dir=run_dir, proc=proc, started=time.monotonic(), ports=block)
 
 
 def run_to_end(run_dir: Path, overrides: list[str], *, timeout: float, **kwargs) -> Run:
-    """``launch`` and wait, for a run nothing interacts with; once more in a fresh folder if its workers lost
-    their store's port to another process.
-
-    ft_launcher (c10d rendezvous, nvidia-resiliency-ext 0.4.1) picks ``MASTER_PORT`` for the workers by binding
-    a free port and closing it; rank 0 binds it again seconds later. With a dozen launches and their gloo
-    connections on one machine, another socket can take that port in between (``EADDRINUSE``): the group
-    restarts before anything was injected, and a fault that fires only on a first attempt never fires. That is
-    this machine's crowding, not the behaviour under test, so it gets one fresh launch; the first is kept aside.
-    """
-    if (run_dir / "launcher.log").exists():  # setting it aside would lose the earlier launch's state
-        raise ValueError(f"run_to_end: {run_dir} holds an earlier launch; a scenario of several launches on one "
-                         "run_dir replays as a whole: use launch() under @once_more_on_port_clash")
+    """``launch`` and wait, for a run nothing interacts with."""
     run = launch(run_dir, overrides, **kwargs)
     run.wait(timeout)
-    if PORT_CLASH in run.log():
-        aside = run_dir.with_name(run_dir.name + ".port_clash")
-        run_dir.rename(aside)
-        run = launch(run_dir, overrides, **kwargs)
-        run.wait(timeout)
-        run.extra["port_clash_run"] = str(aside)
     return run
-
-
-def once_more_on_port_clash(scenario):
-    """For a scenario that interacts with its runs (signals, kills): if one of the ``Run``s it returns lost its
-    store's port (see :func:`run_to_end`), play the whole scenario once more under a fresh folder."""
-
-    @functools.wraps(scenario)
-    def play(root: Path):
-        result = scenario(root)
-        runs = result if isinstance(result, tuple) else (result,)
-        if any(isinstance(run, Run) and PORT_CLASH in run.log() for run in runs):
-            fresh = root / f"{scenario.__name__}.port_clash_retry"
-            fresh.mkdir()
-            result = scenario(fresh)
-        return result
-
-    return play
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.2, what: str = "condition"):
