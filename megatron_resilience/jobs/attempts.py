@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_resilience.jobs import attribution, slurm
 from megatron_resilience.jobs import evidence as ev
-from megatron_resilience.jobs import slurm
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
@@ -45,8 +45,12 @@ def chain_history(ledger: Ledger) -> list[dict[str, Any]]:
 
 def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: int, exit_code: int | None,
                 slurm_state: str | None, by: str, nodes: list[str] | None = None, partition: str | None = None,
-                retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None) -> Ending:
-    """Classify the attempt (job_id, restart), decide with the config's policy, and build its ledger record."""
+                retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None,
+                node_info: dict[str, dict[str, str]] | None = None) -> Ending:
+    """Classify the attempt (job_id, restart), decide with the config's policy, and build its ledger record.
+
+    ``node_info``: ``scontrol show node`` of the attempt's nodes (None: asked of Slurm when the attempt failed).
+    """
     start = attempt_start(ledger, job_id, restart) or {}
     nodes = nodes if nodes is not None else [n for n in str(start.get("nodes") or "").split(",") if n]
     monitors = cfg.load_monitors()
@@ -64,6 +68,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
                                signals=files.last_cycle_signals() + ev.metrics_signals(mine),
                                no_restart_exit_code=cfg.no_restart_exit_code)
     cls = classify(evidence)
+    if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)
+        info = node_info if node_info is not None else slurm.node_states(nodes)
+        attribute(cls, evidence.signals + attribution.node_state_signals(info), nodes, info)
     cycles = _cycles(files, progress, cfg)
     history = chain_history(ledger)
     record: dict[str, Any] = {
@@ -86,6 +93,13 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
     record["decision"] = decision.to_dict()
     record["policy"] = policy.name if policy else "nemo_run"
     return Ending(cls, decision, record)
+
+
+def attribute(cls: Classification, signals: list, nodes: list[str], info: dict[str, dict[str, str]]) -> None:
+    """Record on ``cls`` every host the evidence names and the node(s) it blames (jobs/attribution.py)."""
+    found = attribution.mentions(signals, nodes, {n: i.get("addr", "") for n, i in info.items()})
+    cls.hosts, cls.attribution = attribution.suspects(found, nodes)
+    cls.host_evidence = [m.to_dict() for m in found]
 
 
 def _may_exclude(policy: Any, cls: Classification) -> bool:

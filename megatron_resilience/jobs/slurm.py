@@ -6,6 +6,7 @@ Reads only; commands that change anything (requeue, update, sbatch, scancel) go 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Any
 
@@ -67,6 +68,24 @@ def job_state(job_id: str) -> dict[str, Any]:
             "nodes": expand_nodes(last.get("NodeList")), "reason": last.get("Reason"),
             "partition": last.get("Partition"), "cancelled_by":
             last["State"].split(" by ")[-1] if " by " in last["State"] else None}
+
+
+def node_states(nodes: list[str]) -> dict[str, dict[str, str]]:
+    """``scontrol show node``: state, reason (a down node's, e.g. "Not responding") and address of each node."""
+    if not nodes:
+        return {}
+    out = _run(["scontrol", "-o", "show", "node", ",".join(nodes)]) or ""
+    found = {}
+    for line in out.splitlines():
+        name = re.search(r"\bNodeName=(\S+)", line)
+        if not name:
+            continue
+        state = re.search(r"\bState=(\S+)", line)
+        addr = re.search(r"\bNodeAddr=(\S+)", line)
+        reason = re.search(r"\bReason=(.*?)(?= [A-Z][A-Za-z]*=|$)", line)  # the reason may hold spaces
+        found[name.group(1)] = {"state": state.group(1) if state else "", "addr": addr.group(1) if addr else "",
+                                "reason": reason.group(1) if reason else ""}
+    return found
 
 
 def cluster(partition: str | None) -> Cluster:

@@ -190,7 +190,8 @@ class Watcher:
             lost = Classification(error_type="batch_lost", subsystem="node", severity="fatal", mode="crash",
                                   source="slurm", reason=f"the batch script ended without recording a decision "
                                   f"(Slurm state {state}, exit {exit_code})", signal=cls.signal,
-                                  evidence=cls.evidence, fields=cls.fields, hosts=[])
+                                  evidence=cls.evidence, fields=cls.fields, hosts=cls.hosts,
+                                  host_evidence=cls.host_evidence, attribution=cls.attribution)
             ending = self._redecide(ending, lost)
         log(f"job {job} restart {restart} ended ({state}): {ending.classification.error_type}: "
             f"{ending.decision.message()}")
