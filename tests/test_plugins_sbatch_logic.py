@@ -36,6 +36,8 @@ case "$action" in
   finish) reason finished; touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0;;
   preempt) reason signal; exit 0;;      # ft_launcher: every rank saved and exited 0
   preempt1) reason signal; exit 1;;     # torchrun exits 1 after forwarding the signal
+  fullterm) kill -TERM $PPID; sleep 1; reason signal; exit 0;;  # scancel --full: the batch shell is signalled too
+  fullterm_killed) kill -TERM $PPID; sleep 1; exit 143;;          # ... and the step ended without saving
   rerun17) reason rerun17; touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 17;;
   rerun16) reason rerun16; cp "$CORPUS/rerun_16.log" "$out"; exit 16;;
   oom) cp "$CORPUS/cuda_oom.log" "$out"; exit 1;;
@@ -340,3 +342,22 @@ def test_golden_scripts_are_valid_bash():
     for path in sorted(glob.glob(os.path.join(GOLDEN, "*.sh"))):
         proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
         assert proc.returncode == 0, f"{path}: {proc.stderr}"
+
+
+@pytest.mark.parametrize("ft, plan", [(True, "fullterm finish"), (False, "fullterm finish"),
+                                      (True, "fullterm_killed finish")])
+def test_the_batch_shell_survives_the_schedulers_signal_and_requeues_without_a_retry(tmp_path, ft, plan):
+    """scancel --signal=TERM --full / PreemptMode with GraceTime: the batch shell is signalled while the step runs.
+    It waits for the step, decides (a preemption: requeued, no retry spent), and the next attempt finishes."""
+    job = render(tmp_path, ft=ft, policy="megatron_transient")
+    got, outputs = run_attempts(job, plan)
+    assert got == [(0 if plan.startswith("fullterm ") else 143, REQUEUED), (0, [])], outputs
+    assert "megatron_resilience: the batch shell received SIGTERM (preemption, scancel --full); the job step has " \
+           "ended: deciding" in outputs[0]
+    first, second = ledger(job, "attempt")
+    assert (first["batch_signal"], first["classification"]["error_type"], first["decision"]["action"],
+            first["decision"]["spent"]) == ("SIGTERM", "preempted", "requeue", None), first
+    assert first["decision"]["budget_left"] == {"crash": 3, "stall": 2, "timeout": 1}
+    assert (second["classification"]["error_type"], second["decision"]["outcome"]) == ("finished", "finished")
+    if ft:
+        assert results(job) == ["42 0 S", "42 1 S"]  # nemo_run's own record spends no retry either

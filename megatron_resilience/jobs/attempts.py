@@ -46,10 +46,12 @@ def chain_history(ledger: Ledger) -> list[dict[str, Any]]:
 def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: int, exit_code: int | None,
                 slurm_state: str | None, by: str, nodes: list[str] | None = None, partition: str | None = None,
                 retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None,
-                node_info: dict[str, dict[str, str]] | None = None) -> Ending:
+                node_info: dict[str, dict[str, str]] | None = None, batch_signal: str | None = None) -> Ending:
     """Classify the attempt (job_id, restart), decide with the config's policy, and build its ledger record.
 
     ``node_info``: ``scontrol show node`` of the attempt's nodes (None: asked of Slurm when the attempt failed).
+    ``batch_signal``: the signal the batch shell received while the step ran (``TERM``: the scheduler stopped the
+    whole job — preemption, ``scancel --signal=TERM --full``), a preemption whatever the step's exit code says.
     """
     start = attempt_start(ledger, job_id, restart) or {}
     nodes = nodes if nodes is not None else [n for n in str(start.get("nodes") or "").split(",") if n]
@@ -65,7 +67,8 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         if os.path.getmtime(cfg.stop_reason) < float(start["time"]):
             stop_reason = None  # an earlier attempt's
     evidence = AttemptEvidence(exit_code=exit_code, stop_reason=stop_reason, slurm_state=slurm_state,
-                               signals=files.last_cycle_signals() + ev.metrics_signals(mine),
+                               signals=files.last_cycle_signals() + ev.metrics_signals(mine)
+                               + ev.batch_signal(batch_signal),
                                no_restart_exit_code=cfg.no_restart_exit_code)
     cls = classify(evidence)
     if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)
@@ -80,6 +83,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         "last_step": progress["last_step"], "resumed_from": progress["resumed_from"],
         "checkpoint_step": progress["checkpoint_step"], "recomputed_steps": progress["recomputed_steps"],
         "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
+        **({"batch_signal": f"SIG{batch_signal}"} if batch_signal else {}),
     }
     policy = cfg.load_policy()
     if policy is None:
