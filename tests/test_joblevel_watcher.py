@@ -219,3 +219,46 @@ def test_batch_lost_is_requeued_and_resubmitted_when_slurm_refuses(fake):
     assert calls() == ["scontrol requeue 77", "sbatch --parsable --requeue --export=ALL,MEGATRON_RESILIENCE_"
                        f"RESUBMISSION=1 --job-name=acct.gpt {cfg.sbatch_script}"]
     assert ledger.records("outcome")[-1]["new_job_id"] == "900"
+
+
+def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(fake, capsys):
+    """Issue 23: ``watch RUN_DIR --job-id ID`` on a pending job waits (saying why), then follows the chain."""
+    import threading
+
+    from megatron_resilience.jobs.watch_cli import main
+
+    cfg, ledger, set_state, calls = fake
+    os.remove(ledger.path)  # nothing has started yet: no ledger, no job-level config
+    set_state(job=job("PENDING", Reason="Priority", NodeList="(null)"))
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(code=main([cfg.run_dir, "--job-id", "77",
+                                                                       "--interval", "0.2"])))
+    thread.start()
+    time.sleep(1.5)
+    assert thread.is_alive() and ledger.records() == []
+    # the first attempt starts (the batch script writes its config and attempt_start), trains and finishes
+    with open(cfg.path, "w") as f:
+        f.write(cfg.to_json())
+    ledger.append({"kind": "attempt_start", "job_id": "77", "job_name": "acct.gpt", "slurm_restart": 0, "nodes": "n1",
+                   "time": time.time(), "config": cfg.path})
+    with open(cfg.stop_reason, "w") as f:
+        json.dump({"reason": "finished", "step": 100, "exit_code": 0, "finished": True}, f)
+    set_state(job=job("COMPLETED", ExitCode="0:0"), nodes={"n1": "idle"})
+    thread.join(timeout=120)
+    assert result == {"code": 0}
+    out = capsys.readouterr().out
+    assert out.count("waiting for the run's first attempt: job 77 is PENDING (Priority)") == 1, out
+    assert f"the run's first attempt started: watching with {cfg.path}" in out
+    [attempt] = ledger.attempts()
+    assert (attempt["by"], attempt["classification"]["error_type"]) == ("watcher", "finished")
+    assert ledger.final()["outcome"] == "finished" and calls() == []
+
+
+def test_a_watcher_for_a_job_cancelled_while_pending_gives_up(fake, capsys):
+    from megatron_resilience.jobs.watch_cli import main
+
+    cfg, ledger, set_state, calls = fake
+    os.remove(ledger.path)
+    set_state(runs=[{"JobID": "77", "State": "CANCELLED by 0", "ExitCode": "0:0", "NodeList": "None assigned"}])
+    assert main([cfg.run_dir, "--job-id", "77", "--interval", "0.2"]) == 1
+    assert "job 77 ended (CANCELLED) before its first attempt started: nothing to watch" in capsys.readouterr().out
