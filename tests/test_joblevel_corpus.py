@@ -201,7 +201,8 @@ CASES = {
 }
 
 
-def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledger]:
+def lay_out(tmp_path, c: dict, policy: str | None, settings: dict | None = None) -> tuple[JobLevelConfig, Ledger]:
+    """The case's files in a job/run directory; ``settings``: a plugin's resolved policy/monitors (else ``policy``)."""
     job_dir, run_dir = tmp_path / "job", tmp_path / "run"
     job_dir.mkdir(parents=True)
     run_dir.mkdir(parents=True)
@@ -214,10 +215,13 @@ def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledg
     flag = job_dir / "gpt_finished_flag"
     if c["flag"]:
         flag.write_text("")
-    resolved, monitor_specs = resolve(policy, None)
+    if settings is None:
+        resolved, monitor_specs = resolve(policy, None)
+        settings = {"policy": resolved, "monitors": monitor_specs}
     cfg = JobLevelConfig(job_name="gpt", job_dir=str(job_dir), ledger=str(run_dir / "job_ledger.jsonl"),
                          finished_flag=str(flag), run_dir=str(run_dir), stop_reason=str(run_dir / "stop_reason.json"),
-                         metrics=str(run_dir / "metrics.jsonl"), ft=True, policy=resolved, monitors=monitor_specs)
+                         metrics=str(run_dir / "metrics.jsonl"), ft=True, policy=settings["policy"],
+                         monitors=settings["monitors"], monitor_only=settings.get("monitor_only", False))
     ledger = Ledger(cfg.ledger)
     ledger.append({"kind": "attempt_start", "job_id": "77", "slurm_restart": 0, "resubmission": 0,
                    "nodes": ",".join(c["nodes"]), "time": 0.0, "batch_log_offset": 0})
@@ -225,8 +229,8 @@ def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledg
 
 
 def encode(decision, cls) -> str:
-    if decision.action == "stop":
-        return "stop"
+    if decision.action in ("stop", "record"):  # record: monitor-only
+        return decision.action
     if decision.exclude_applied:
         return "x:" + ",".join(decision.exclude_applied)
     return "requeue" if decision.spent else "free"

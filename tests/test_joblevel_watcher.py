@@ -262,3 +262,32 @@ def test_a_watcher_for_a_job_cancelled_while_pending_gives_up(fake, capsys):
     set_state(runs=[{"JobID": "77", "State": "CANCELLED by 0", "ExitCode": "0:0", "NodeList": "None assigned"}])
     assert main([cfg.run_dir, "--job-id", "77", "--interval", "0.2"]) == 1
     assert "job 77 ended (CANCELLED) before its first attempt started: nothing to watch" in capsys.readouterr().out
+
+
+def test_monitor_only_watcher_records_what_the_job_could_not_and_never_acts(fake):
+    """A node failure Slurm requeued by itself, then the batch shell lost: recorded (classified), nothing done."""
+    import dataclasses
+
+    cfg, ledger, set_state, calls = fake
+    cfg = dataclasses.replace(cfg, policy=None, monitor_only=True)
+    (open(os.path.join(cfg.job_dir, "sbatch_acct.gpt_77.out"), "w")
+     .write("slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2026-03-10T01:44:09 DUE TO NODE FAILURE, SEE SLURMCTLD "
+            "LOG FOR DETAILS ***\n"))
+    set_state(job=job("PENDING", restarts=1, Reason="BeginTime"), nodes={"n1": "down", "n2": "idle"},
+              runs=[{"JobID": "77", "State": "NODE_FAIL", "ExitCode": "0:0", "NodeList": "n1"},
+                    {"JobID": "77", "State": "PENDING", "ExitCode": "0:0", "NodeList": "None assigned"}])
+    assert Watcher(cfg).step() is False  # Slurm's own requeue goes on: still watching
+    [attempt] = ledger.attempts()
+    assert (attempt["classification"]["error_type"], attempt["decision"]["action"], attempt["policy"]) == \
+        ("node_fail", "record", "monitor_only")
+    assert calls() == [] and ledger.final() is None
+    ledger.append({"kind": "attempt_start", "job_id": "77", "job_name": "acct.gpt", "slurm_restart": 1,
+                   "nodes": "n2", "time": time.time() - 10,
+                   "batch_log_offset": os.path.getsize(os.path.join(cfg.job_dir, "sbatch_acct.gpt_77.out"))})
+    set_state(job=job("FAILED", restarts=1, ExitCode="0:9", NodeList="n2"), nodes={"n1": "down", "n2": "idle"},
+              runs=[{"JobID": "77", "State": "NODE_FAIL", "ExitCode": "0:0", "NodeList": "n1"},
+                    {"JobID": "77", "State": "FAILED", "ExitCode": "0:9", "NodeList": "n2"}])
+    assert Watcher(cfg).step() is True
+    last = ledger.attempts()[-1]
+    assert (last["classification"]["error_type"], last["decision"]["action"]) == ("batch_lost", "record")
+    assert calls() == [] and ledger.final()["outcome"] == "monitor_only"

@@ -75,7 +75,8 @@ def stop_reasons(folder) -> str:
     return str(folder)
 
 
-def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, preemption: bool = True) -> dict:
+def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, preemption: bool = True,
+           monitor_only: bool = False) -> dict:
     """The sbatch script of a gpt job (FT and/or preemption, optionally a RestartPolicyPlugin) and its folders."""
     from megatron_resilience.config import CheckpointConfig
     from megatron_resilience.entry import pretrain
@@ -89,7 +90,8 @@ def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, p
                                  retries=retries, tunnel=run.LocalTunnel(job_dir=str(cluster)))
     plugins = ([FaultTolerancePlugin(num_job_retries_on_failure=retries)] if ft else []) + \
               ([PreemptionPlugin()] if preemption else []) + \
-              ([RestartPolicyPlugin(policy=policy)] if policy else [])
+              ([RestartPolicyPlugin(policy=policy)] if policy else []) + \
+              ([RestartPolicyPlugin(policy=None)] if monitor_only else [])
     script = preview(task, executor, plugins, name="gpt")
     job_dir = cluster / "gpt" / "gpt_preview" / "gpt"
     job_dir.mkdir(parents=True)
@@ -361,3 +363,23 @@ def test_the_batch_shell_survives_the_schedulers_signal_and_requeues_without_a_r
     assert (second["classification"]["error_type"], second["decision"]["outcome"]) == ("finished", "finished")
     if ft:
         assert results(job) == ["42 0 S", "42 1 S"]  # nemo_run's own record spends no retry either
+
+
+@pytest.mark.parametrize("plan, attempts, outcome, error_type", [
+    ("fail finish", [(1, [])], "monitor_only", "unknown"),
+    ("oom finish", [(1, [])], "monitor_only", "cuda_oom"),
+    ("preempt finish", [(0, [])], "monitor_only", "preempted"),  # not even a preemption is requeued
+    ("finish", [(0, [])], "finished", "finished"),
+])
+def test_monitor_only_records_every_attempt_and_never_requeues(tmp_path, plan, attempts, outcome, error_type):
+    """RestartPolicyPlugin(policy=None): classified and recorded; neither a policy nor executor.retries requeues."""
+    job = render(tmp_path, ft=True, retries=3, monitor_only=True)
+    got, outputs = run_attempts(job, plan)
+    assert got == attempts
+    [attempt] = ledger(job, "attempt")
+    assert (attempt["policy"], attempt["classification"]["error_type"], attempt["decision"]["action"]) == \
+        ("monitor_only", error_type, "record")
+    [final] = ledger(job, "final")
+    assert final["outcome"] == outcome
+    assert f"megatron_resilience: monitor-only: attempt 0 ended {error_type} (" in outputs[0]
+    assert not os.path.exists(os.path.join(job["job_dir"], "gpt_job_level_stopped"))  # a later requeue may run

@@ -14,7 +14,7 @@ from typing import Any
 from megatron_resilience.jobs import attribution, slurm
 from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
-from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run
+from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
 from megatron_resilience.jobs.ledger import Ledger
 
@@ -86,7 +86,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         **({"batch_signal": f"SIG{batch_signal}"} if batch_signal else {}),
     }
     policy = cfg.load_policy()
-    if policy is None:
+    if cfg.monitor_only:
+        decision = decide_monitor_only(cls)
+    elif policy is None:
         decision = decide_like_nemo_run(cls, history, retries=retries, ft=cfg.ft,
                                         finished_flag=os.path.exists(cfg.finished_flag))
     else:
@@ -95,7 +97,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         decision = decide(cls, policy, history, record, cluster,
                           finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None)
     record["decision"] = decision.to_dict()
-    record["policy"] = policy.name if policy else "nemo_run"
+    record["policy"] = policy.name if policy else ("monitor_only" if cfg.monitor_only else "nemo_run")
     return Ending(cls, decision, record)
 
 

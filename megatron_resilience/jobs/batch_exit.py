@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PREFIX} ExcNodeList={','.join(decision.exclude_applied)}: "
                   f"{'set' if ok else 'NOT set: ' + output}", flush=True)
         return _finish(code)
+    if decision.action == "record":  # monitor-only: recorded; the job ends as it ended, nothing requeues it
+        message = (f"monitor-only: attempt {ending.record['attempt_index']} ended {cls.error_type} ({cls.reason}); "
+                   "recorded, not requeued (no restart policy)")
+        ledger.append({"kind": "final", "outcome": decision.outcome, "message": message, "job_id": job_id,
+                       "attempts": ending.record["attempt_index"] + 1, "by": "batch"})
+        print(f"{PREFIX} {message}", flush=True)
+        return _finish(code)
     if decision.action == "stop":
         message = _final_message(cls, decision, ending.record)
         ledger.append({"kind": "final", "outcome": decision.outcome, "message": message, "job_id": job_id,

@@ -54,19 +54,22 @@ class Classification:
     hosts: list[str] = field(default_factory=list)  # the nodes the evidence blames (jobs/attribution.py)
     host_evidence: list[dict[str, Any]] = field(default_factory=list)  # every host read: role, line, source
     attribution: str = ""  # why those nodes (one line)
+    monitors: list[str] = field(default_factory=list)  # the monitors whose lines decided (rules may match them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"error_type": self.error_type, "subsystem": self.subsystem, "severity": self.severity,
                 "mode": self.mode, "source": self.source, "reason": self.reason, "signal": self.signal,
                 "evidence": list(self.evidence), "fields": dict(self.fields), "hosts": list(self.hosts),
-                "host_evidence": list(self.host_evidence), "attribution": self.attribution}
+                "host_evidence": list(self.host_evidence), "attribution": self.attribution,
+                "monitors": list(self.monitors)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Classification:
         return cls(**{k: data.get(k) for k in ("error_type", "subsystem", "severity", "mode", "source", "reason")},
                    signal=data.get("signal"), evidence=list(data.get("evidence") or []),
                    fields=dict(data.get("fields") or {}), hosts=list(data.get("hosts") or []),
-                   host_evidence=list(data.get("host_evidence") or []), attribution=data.get("attribution") or "")
+                   host_evidence=list(data.get("host_evidence") or []), attribution=data.get("attribution") or "",
+                   monitors=list(data.get("monitors") or []))
 
 
 def _make(error_type: str, source: str, reason: str, *, severity: str = "fatal", signals: list[Signal] = (),
@@ -86,7 +89,7 @@ def _make(error_type: str, source: str, reason: str, *, severity: str = "fatal",
     return Classification(error_type=error_type, subsystem=subsystem, severity=severity, mode=kind.mode,
                           source=source, reason=reason, signal=signal,
                           evidence=list(dict.fromkeys(s.line for s in signals))[:MAX_EVIDENCE_LINES], fields=merged,
-                          hosts=hosts)
+                          hosts=hosts, monitors=list(dict.fromkeys(s.monitor for s in signals)))
 
 
 def signal_name(number: int) -> str | None:

@@ -12,13 +12,17 @@ reason), and gives up only when that job ended without ever starting.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
+from dataclasses import replace
 
+from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.jobs import slurm
-from megatron_resilience.jobs.jobconfig import JobLevelConfig
+from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.jobs.policies import load_policy
 from megatron_resilience.jobs.watcher import log, watch
 
 
@@ -61,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-id", help="the Slurm job to start from (default: the ledger's newest)")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between polls (default 30)")
     parser.add_argument("--once", action="store_true", help="poll once and exit")
+    parser.add_argument("--policy", help="decide with this policy (a preset or a YAML file, this package's schema "
+                                         "or the log-monitoring tool's) instead of the one the job was submitted with")
+    parser.add_argument("--monitors", nargs="+", help="recognise with these monitor presets/files instead")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="megatron_resilience watch: %(message)s", stream=sys.stdout)
     if args.interval <= 0:
         parser.error("--interval: must be a number of seconds > 0")
     config = args.config or (find_config(args.run_dir) if args.run_dir else None)
@@ -74,4 +82,24 @@ def main(argv: list[str] | None = None) -> int:
               "pass RUN_DIR (the watcher waits for the first attempt) or --config JOB_DIR/<name>_job_level.json",
               file=sys.stderr)
         return 2
-    return watch(JobLevelConfig.read(config), job_id=args.job_id, interval=args.interval, once=args.once)
+    cfg = JobLevelConfig.read(config)
+    if args.policy or args.monitors:
+        try:
+            cfg = with_policy(cfg, args.policy, args.monitors)
+        except ConfigError as err:
+            log(str(err))
+            return 2
+    return watch(cfg, job_id=args.job_id, interval=args.interval, once=args.once)
+
+
+def with_policy(cfg: JobLevelConfig, policy: str | None, monitors: list[str] | None) -> JobLevelConfig:
+    """The run's config deciding with another policy/monitors, checked and translated as at submit time."""
+    loaded = load_policy(policy) if policy else cfg.load_policy()
+    for note in (loaded.notes + loaded.warnings) if policy and loaded else ():
+        log(f"{loaded.source}: {note}")
+    specs = resolve(policy, monitors)[1] if policy else (resolve(None, monitors)[1] if monitors else cfg.monitors)
+    data = loaded.to_dict() if loaded else None
+    log(f"deciding with policy {loaded.name if loaded else 'none (monitor-only)'}"
+        f"{' (--policy ' + policy + ')' if policy else ''} and monitors {monitors or cfg.monitors}, instead of what "
+        "the job was submitted with")
+    return replace(cfg, policy=data, monitors=specs, monitor_only=cfg.monitor_only and not policy)

@@ -75,6 +75,7 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  "ledger": "/cluster/experiments/gpt/gpt_preview/gpt/job_ledger.jsonl",
  "max_log_bytes": 8388608,
  "metrics": null,
+ "monitor_only": false,
  "monitors": [
   "megatron_production"
  ],

@@ -76,6 +76,7 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  "ledger": "/lustre/runs/gpt/job_ledger.jsonl",
  "max_log_bytes": 8388608,
  "metrics": "/lustre/runs/gpt/metrics.jsonl",
+ "monitor_only": false,
  "monitors": [
   "megatron_production"
  ],
