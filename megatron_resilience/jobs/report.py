@@ -26,6 +26,7 @@ from typing import Any
 
 from megatron_resilience.jobs.evidence import read_json, read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.jobs.node_history import format_node_table
 
 CATEGORIES = ("setup", "checkpoint", "recomputed", "restart_downtime", "other")
 
@@ -273,6 +274,7 @@ def format_report(report: RunReport, *, evidence: bool = True) -> str:
         for r in report.rows:
             for line in r.evidence[:2]:
                 lines.append(f"  attempt {r.attempt} cycle {r.cycle} evidence: {line[:160]}")
+    lines += format_node_table(Ledger(os.path.join(report.run_dir, LEDGER_FILE)).attempts())
     acc = report.accounting
     lines += ["", f"goodput: {100 * acc.goodput:.1f}% (productive training {_dur(acc.productive)} of "
                   f"{_dur(acc.allocated)} allocated)"]
