@@ -37,3 +37,34 @@ def test_the_report_lists_per_node_failures_and_exclusions(tmp_path):
         "nid004  | 0        | -                                   | -",
         "node-01 | 3        | -                                   | -",
     ], text
+
+
+def test_a_node_failure_naming_several_nodes_blames_each_and_an_address_maps_to_its_node():
+    from megatron_resilience.jobs.attribution import expand_hostlist, mentions, suspects
+    from megatron_resilience.jobs.monitors import load_monitors, scan
+
+    assert expand_hostlist("nid[003-004,010],gpu7") == ["nid003", "nid004", "nid010", "gpu7"]
+    lines = ["srun: error: Node failure on nid[003-004]",
+             "slurmstepd: error: *** JOB 9 ON nid001 CANCELLED AT 2026-03-11T02:10:44 DUE TO NODE FAILURE, SEE ...",
+             "nid001:41102:41377 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<48211> with status=12 "
+             "opcode=0 len=0 vendor err 129 (Recv)"]
+    nodes = ["nid001", "nid002", "nid003", "nid004"]
+    found = mentions(scan([("log", line) for line in lines], load_monitors([])), nodes, {"nid002": "10.0.0.2"})
+    assert [(m.host, m.node, m.role) for m in found] == [
+        ("nid003", "nid003", "failed"), ("nid004", "nid004", "failed"), ("nid001", "nid001", "batch_host")]
+    assert suspects(found, nodes) == (["nid003", "nid004"], "nid003,nid004: failed (strongest of 3 host mention(s))")
+    with_nccl = mentions(scan([("log", line) for line in lines[2:]], load_monitors(["megatron_nccl"])), nodes,
+                         {"nid002": "10.0.0.2"})
+    assert [(m.host, m.node, m.role) for m in with_nccl][:2] == [("nid001", "nid001", "reporter"),
+                                                                 ("10.0.0.2<48211>", "nid002", "peer")]
+    assert suspects(with_nccl, nodes)[0] == ["nid002"]
+
+
+def test_an_exclusion_that_was_not_applied_says_so_in_the_node_table():
+    from megatron_resilience.jobs.node_history import format_node_table
+
+    attempts = [{"nodes": ["n1"], "classification": {"mode": "crash", "error_type": "xid_error", "hosts": ["n1"]},
+                 "decision": {"exclude_requested": ["n1"], "exclude_applied": []}}]
+    assert format_node_table(attempts)[2:] == [
+        "node | attempts | failures attributed (attempt: type) | excluded by attempt",
+        "n1   | 0        | 0: xid_error                        | 0 (not applied)"]
