@@ -16,8 +16,6 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from test_cli import nemo
@@ -269,7 +267,10 @@ def test_cli_rejects_a_rule_that_can_never_fire_or_requeue(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(REJECTED))
-def test_watcher_rejects_a_rule_that_can_never_fire_or_requeue(tmp_path, kind):
+def test_watcher_rejects_a_rule_that_can_never_fire_or_requeue(tmp_path, kind, capsys):
+    """``python -m megatron_resilience.watch ... --policy FILE`` (its main, in this process)."""
+    from megatron_resilience.jobs.watch_cli import main
+
     text, message = REJECTED[kind]
     file = tmp_path / "p.yaml"
     file.write_text(text)
@@ -277,7 +278,5 @@ def test_watcher_rejects_a_rule_that_can_never_fire_or_requeue(tmp_path, kind):
                          finished_flag=str(tmp_path / "f"), policy=load_policy("default").to_dict())
     config = tmp_path / "gpt_job_level.json"
     config.write_text(cfg.to_json())
-    proc = subprocess.run([sys.executable, "-m", "megatron_resilience.watch", "--config", str(config), "--job-id",
-                           "1", "--once", "--policy", str(file)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout == f"megatron_resilience watch: {file}: {message}\n", proc.stdout
+    assert main(["--config", str(config), "--job-id", "1", "--once", "--policy", str(file)]) == 2
+    assert capsys.readouterr().out == f"megatron_resilience watch: {file}: {message}\n"
