@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 PYTEST_ARGS ?=
 
-.PHONY: env demo lint test test-newest clean
+.PHONY: env demo lint test test-newest peers clean
 
 env: $(STAMP)
 
@@ -53,5 +53,9 @@ test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)
 	PYTHONPATH=$(CURDIR)/$(NEWEST) $(PY) -m pytest $(NEWEST_TESTS) $(PYTEST_ARGS)
 
+# The peers' own code for the compatibility tests (tests/peers.py runs it too when .venv-peers is missing).
+peers: $(STAMP)
+	scripts/peers/install.sh
+
 clean:
-	rm -rf $(VENV) $(NEWEST) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(NEWEST) .venv-peers build *.egg-info .pytest_cache

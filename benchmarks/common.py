@@ -1,7 +1,7 @@
 """What every benchmark shares: device choice, model shapes, the machine's description, tables and JSON.
 
 Benchmarks print a markdown table and write the same figures as JSON (``--json PATH``; default
-``benchmarks/results/<name>-<device>.json``). Timing targets live here and in the README, never in tests.
+``benchmarks/results/<name>-<device>.json``). Timing targets live here and in docs/speed.md, never in tests.
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ Megatron-LM uses, so ft_launcher's progress tracker can read it) and resumes fro
 monitor (nvidia-resiliency-ext's ``RankMonitorClient``); with ``--exit-signal-handler`` it saves and exits 0
 after the step during which the signal arrived. When training finished, rank 0 touches
 ``$FAULT_TOL_FINISHED_FLAG_FILE`` if set: nvidia-resiliency-ext's autoresume contract, which nemo_run's FT
-sbatch script relies on to stop requeueing.
+sbatch script relies on to stop requeueing. With ``--like-megatron-lm`` it does what Megatron-LM's
+``pretrain_gpt.py`` does instead: it never touches that flag and ends with Megatron-LM's
+``[after training is done]`` line (the job-level decision then reads the checkpoint tracker against
+``--train-iters``); ``--fail-in-attempt N`` makes every rank exit 1 after one step in Slurm attempt N.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exit-signal", default="SIGTERM")
     p.add_argument("--exit-signal-handler-for-dataloader", action="store_true")
     p.add_argument("--fail-first-cycle", action="store_true", help="exit 1 after one step in the first cycle")
+    p.add_argument("--fail-in-attempt", type=int, default=None,
+                   help="exit 1 after one step in every cycle of this Slurm attempt (SLURM_RESTART_COUNT)")
+    p.add_argument("--like-megatron-lm", action="store_true",
+                   help="never touch $FAULT_TOL_FINISHED_FLAG_FILE; end with Megatron-LM's end-of-training line")
     return p.parse_args(argv)
 
 
@@ -135,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.fail_first_cycle and cycle == 0:
             print(f"rank {rank}: failing the first cycle on purpose", flush=True)
             return 1
+        if args.fail_in_attempt is not None and args.fail_in_attempt == int(os.environ.get("SLURM_RESTART_COUNT", 0)):
+            print(f"rank {rank}: failing Slurm attempt {args.fail_in_attempt} on purpose", flush=True)
+            return 1
         signalled = bool(received)
         if rank == 0 and (step % args.save_interval == 0 or signalled or step == args.train_iters):
             monitor.section("checkpointing", True)
@@ -146,10 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             break
     if stopped == "finished":
         print(f"rank {rank}: training finished at step {step} (w={w:.3f} b={b:.3f})", flush=True)
+        if args.like_megatron_lm and rank == 0:
+            print(f"[after training is done] datetime: {time.strftime('%Y-%m-%d %H:%M:%S')} ", flush=True)
     monitor.close()
     if rank == 0:
         flag = os.environ.get("FAULT_TOL_FINISHED_FLAG_FILE")
-        if stopped == "finished" and flag:
+        if stopped == "finished" and flag and not args.like_megatron_lm:
             open(flag, "a").close()
         with open(args.report, "a") as f:
             f.write(json.dumps({**report, "stopped": stopped, "finished_step": step, "signal": received or None,

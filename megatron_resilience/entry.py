@@ -3,15 +3,19 @@
 It takes one keyword argument per config section so NeMo-Run overrides read
 ``train.max_steps=2000 ft.calc_ft_timeouts=true``. Importing this module is
 cheap (no torch): the runtime is imported only when the function runs, on the
-compute node.
+compute node. Where nemo_run is already imported (a login node building ``run.Partial(pretrain, ...)``), it
+makes ``run.run``/``Experiment.add`` check our tasks, plugins or not (``plugins/submit_check.py``).
 """
 
 from __future__ import annotations
+
+import sys
 
 from megatron_resilience.config import (
     CheckpointConfig,
     DataConfig,
     FaultToleranceConfig,
+    LoggerConfig,
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -34,6 +38,7 @@ def pretrain(
     ft: FaultToleranceConfig | None = None,
     straggler: StragglerConfig | None = None,
     rerun: RerunConfig | None = None,
+    logger: LoggerConfig | None = None,
 ) -> None:
     """Validate the config, then run Megatron-Core GPT pretraining on this node's ranks."""
     config = PretrainConfig(
@@ -47,7 +52,14 @@ def pretrain(
         ft=ft or FaultToleranceConfig(),
         straggler=straggler or StragglerConfig(),
         rerun=rerun or RerunConfig(),
+        logger=logger or LoggerConfig(),
     )
     from megatron_resilience.trainer import run_pretraining
 
     run_pretraining(config)
+
+
+if "nemo_run" in sys.modules:  # building tasks on a login node: run.run checks ours, plugins or not
+    from megatron_resilience.plugins.submit_check import install
+
+    install()

@@ -21,6 +21,7 @@ import time
 from megatron_resilience import upstream
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.paths import check_paths
+from megatron_resilience.dashboards import check_installed
 from megatron_resilience.resilience import build_hooks
 from megatron_resilience.resilience.preemption import install_at_process_start
 from megatron_resilience.runtime.hooks import TrainingHooks
@@ -82,9 +83,12 @@ def run_pretraining(config: PretrainConfig) -> None:
     try:  # before torch loads: a bad folder or job size fails here, in seconds, not at the first save
         config.validate_world_size(world_size)
         check_paths(config)
+        notes = check_installed(config)
     except ConfigError as err:
         raise SystemExit(f"megatron_resilience: {err}") from None
     _setup_logging(rank)
+    for note in notes if rank == 0 else []:
+        log.warning("%s", note)
     if signals is not None and rank == 0:
         log.info("preemption: %s handler installed at process start (pid %d): a signal during setup exits 0 at "
                  "once, later ones stop the run with a checkpoint", config.train.exit_signal, os.getpid())
@@ -160,6 +164,7 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     _import_runtime(config)
     from megatron.core import parallel_state
 
+    from megatron_resilience import dashboards
     from megatron_resilience.runtime import data
     from megatron_resilience.runtime.checkpoint import CheckpointManager
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
@@ -196,11 +201,14 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     timeline.mark("checkpoint_load")
     attempt = attempt_info()
     logged = last_logged_step(config.run_dir) if dist.rank == 0 else None
-    metrics = MetricsLogger(config.run_dir, enabled=dist.rank == 0, max_steps=config.train.max_steps)
+    sink = dashboards.open_sink(config) if dist.rank == 0 else None
+    metrics = MetricsLogger(config.run_dir, enabled=dist.rank == 0, max_steps=config.train.max_steps,
+                            sinks=[sink] if sink else [])
     metrics.event("start", step=state.step, consumed_samples=state.consumed_samples, resumed=resumed,
                   resumed_from=checkpoints.latest_step if resumed else None, attempt=attempt, last_logged_step=logged,
                   world_size=dist.world_size, tp=dist.tp, pp=dist.pp, dp=dist.dp,
-                  versions=upstream.installed_versions(), setup=timeline.record())
+                  versions=upstream.installed_versions(), setup=timeline.record(),
+                  dashboards=dashboards.where(config))
     if dist.rank == 0:
         log.info("setup: %s at step %d (consumed_samples=%d), global batch %d = %d micro-batches x %d x dp %d; "
                  "attempt: %s; %s", "resumed" if resumed else "starting", state.step, state.consumed_samples, gbs,

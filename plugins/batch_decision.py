@@ -38,6 +38,7 @@ from typing import Any
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, resolve
 from megatron_resilience.plugins._executor import set_setup_block, slurm_job_file
+from megatron_resilience.plugins.task_settings import finished_evidence
 from megatron_resilience.upstream import import_nemo_run
 
 BLOCK = "job-level decision"
@@ -74,11 +75,13 @@ def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
     job_dir = os.path.dirname(flag_host)
     run_dir = editor.run_dir() if editor is not None else None  # None: a trainer other than ours
     checkpoint = editor.get("checkpoint.save") if run_dir is not None else None
+    finished = finished_evidence(executor)  # any trainer's checkpoint dir and last step (jobs/finished.py)
     return JobLevelConfig(
         job_name=executor.job_name, job_dir=job_dir, ledger=ledger_path(run_dir, job_dir), finished_flag=flag_host,
         run_dir=run_dir, stop_reason=os.path.join(run_dir, STOP_REASON_FILE) if run_dir else None,
         metrics=os.path.join(run_dir, "metrics.jsonl") if run_dir else None,
-        checkpoint_dir=checkpoint if isinstance(checkpoint, str) else None, ft=uses_ft_launcher(executor.launcher),
+        checkpoint_dir=checkpoint if isinstance(checkpoint, str) else finished.get("checkpoint_dir"),
+        train_iters=finished.get("train_iters"), ft=uses_ft_launcher(executor.launcher),
         no_restart_exit_code=executor.__dict__.get(_NO_RESTART, taxonomy.NVRX_NO_RESTART_EXIT_CODE),
         cycle_info_dir=os.path.join(job_dir, "ft_cycle_info"),
         cycle_log_prefix=os.path.join(job_dir, "ft_cycle_logs", "cycle"),

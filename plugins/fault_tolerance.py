@@ -24,9 +24,10 @@ Executor side, the same for every task:
   it the wait is whatever the container's nvidia-resiliency-ext picks (900 s in 0.4, 300 s in 0.7);
 * nsys profiling requested on the launcher or the task is turned off, with a warning.
 
-Task side (``task_settings``): our trainer gets ``ft.enabled`` (= ``enable_ft_package``) and
+Task side (``ft_trainer``): our trainer gets ``ft.enabled`` (= ``enable_ft_package``) and
 ``ft.calc_ft_timeouts``; a Megatron-LM or Megatron-Bridge script (or any script, with
-``script_args_converter_fn``) gets the converted ``FaultTolerancePluginScriptArgs``; anything else is
+``script_args_converter_fn``) gets the converted ``FaultTolerancePluginScriptArgs``; a Bridge Partial its
+``config.ft``; a NeMo 2.0 Partial NeMo's ``FaultToleranceCallback`` and heartbeats mode; anything else is
 left alone with one warning. Heartbeat vs section timeouts follow ``mode`` (default: our trainer's
 ``ft.mode``; sections for other trainers, which is what Megatron-LM and Megatron-Bridge monitor).
 Every change to a user setting is logged on ``megatron_resilience.plugins``.
@@ -41,7 +42,7 @@ from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, check_positive, fail
-from megatron_resilience.plugins import batch_decision, ft_config, ft_features
+from megatron_resilience.plugins import batch_decision, ft_config, ft_features, ft_trainer
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
     claim,
@@ -53,12 +54,7 @@ from megatron_resilience.plugins._executor import (
 from megatron_resilience.plugins.executors import executor_profile
 from megatron_resilience.plugins.script_args import FaultTolerancePluginScriptArgs
 from megatron_resilience.plugins.task_check import check_task
-from megatron_resilience.plugins.task_settings import (
-    append_script_args,
-    trainer_paths,
-    trainer_target,
-    warn_unknown_trainer,
-)
+from megatron_resilience.plugins.task_settings import remember_finished_evidence, trainer_paths, trainer_target
 from megatron_resilience.upstream import (
     NEMO_RUN_FT_PARAM_FIELDS,
     ft_cfg_path_env,
@@ -94,7 +90,7 @@ class FaultTolerancePlugin(run.Plugin):
     ``rdzv_join_timeout`` (whole seconds, multi-node Slurm jobs): every node must join each rendezvous round
     (the first and the one after every in-job restart) within it; after a node is lost the other agents
     give up after it (exit 1) and the job is requeued. It must cover the nodes' start-up skew.
-    The remaining fields are ft_launcher's safety features (README: which release has which); None or
+    The remaining fields are ft_launcher's safety features (docs/plugins.md: which release has which); None or
     False leaves ft_launcher's own default.
     """
 
@@ -172,7 +168,7 @@ class FaultTolerancePlugin(run.Plugin):
         check_task(task, executor)  # the same submit-time check as preview() and the CLI
         version, source = nvrx_version_for_rendering(self.nvrx_version)
         target = trainer_target(task, NAME, self.script_args_converter_fn)
-        mode = self._trainer_settings(target, profile)
+        mode = ft_trainer.enable_ft(self, target, slurm=profile.is_slurm)
 
         executor.launcher = self._launcher(executor.launcher, mode, version, profile)
         check_signal_reaches_trainer(executor, NAME)
@@ -182,8 +178,6 @@ class FaultTolerancePlugin(run.Plugin):
         if bad:  # cannot happen by construction; a guard against nemo_run changing its spelling
             raise ConfigError(f"{NAME}: ft_launcher of nvidia-resiliency-ext {'.'.join(map(str, version))} "
                               f"would reject {bad}")
-        if profile.is_slurm:
-            self._check_ranks_per_node(executor)
         disable_nsys(executor, target.editor, NAME, "nsys would wrap ft_launcher and be restarted with it, and "
                      "signals and in-job restarts would not reach the training ranks")
         self._set_retries(executor, profile)
@@ -200,38 +194,12 @@ class FaultTolerancePlugin(run.Plugin):
         if profile.is_slurm:
             if code is not None:  # the batch script's decision does not requeue a job ft_launcher gave up on
                 batch_decision.remember_no_restart_exit_code(executor, code)
+            remember_finished_evidence(executor, target)
             batch_decision.install(executor, target.editor)
         log.info("%s: ft_launcher rendered for nvidia-resiliency-ext %s (%s); mode=%s; FT config at %s",
                  NAME, ".".join(map(str, version)), source, mode, path)
 
     # ----------------------------------------------------------------------------------------------------------
-    def _trainer_settings(self, target: Any, profile: Any) -> str:
-        """Enable FT in the trainer; returns the FT mode the launcher is set up for."""
-        if target.editor is not None:
-            editor = target.editor
-            editor.set("ft.enabled", self.enable_ft_package, "enable_ft_package")
-            editor.set("ft.calc_ft_timeouts", self.calc_ft_timeouts, "calc_ft_timeouts")
-            if self.mode is not None:
-                editor.set("ft.mode", self.mode, "mode")
-            return editor.get("ft.mode")
-        if target.converter is not None:
-            append_script_args(target, NAME, FaultTolerancePluginScriptArgs(
-                enable_ft_package=self.enable_ft_package, calc_ft_timeouts=self.calc_ft_timeouts))
-        else:
-            warn_unknown_trainer(target, NAME, "talk to ft_launcher's rank monitor (nvidia-resiliency-ext's "
-                                 "RankMonitorClient: sections setup/step/checkpointing, or heartbeats with "
-                                 "mode='heartbeats'), i.e. enable_ft_package, and learn timeouts if wanted "
-                                 "(calc_ft_timeouts)")
-        if profile.is_slurm:
-            log.info("%s: on Slurm the trainer must touch $FAULT_TOL_FINISHED_FLAG_FILE when training finished "
-                     "(nvidia-resiliency-ext's autoresume contract): nemo_run's FT sbatch script requeues the job "
-                     "until it does or the failure limit is reached", NAME)
-        if self.mode is None:
-            log.info("%s: mode=sections for a trainer other than megatron_resilience (Megatron-LM and "
-                     "Megatron-Bridge report setup/step/checkpointing sections); set mode='heartbeats' for one "
-                     "that sends heartbeats", NAME)
-        return self.mode or "sections"
-
     def _wanted_fields(self, mode: str, version: tuple[int, ...], profile: Any) -> dict[str, Any]:
         heartbeats = mode == "heartbeats"
         fields = {
@@ -357,16 +325,6 @@ class FaultTolerancePlugin(run.Plugin):
             return None
         self._set_env(executor, env, path)
         return path
-
-    @staticmethod
-    def _check_ranks_per_node(executor: Any) -> None:
-        # nemo_run starts one ft_launcher per node with --nproc-per-node = torchrun_nproc_per_node or
-        # ntasks_per_node (then forces ntasks_per_node=1): ntasks_per_node=1 with 8 GPUs means 1 rank per node.
-        nproc = executor.torchrun_nproc_per_node or executor.ntasks_per_node
-        gpus = executor.gpus_per_node
-        if gpus and nproc != gpus:
-            log.warning("%s: ft_launcher will start %s rank(s) per node but executor.gpus_per_node=%s; set "
-                        "ntasks_per_node=%s (nemo_run turns it into --nproc-per-node)", NAME, nproc, gpus, gpus)
 
     def _set_rdzv_join_timeout(self, executor: Any) -> None:
         # ft_launcher reads --rdzv-conf from PET_RDZV_CONF (all versions); nemo_run has no field for it.

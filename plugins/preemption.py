@@ -17,7 +17,12 @@ as Megatron-Bridge does): our trainer gets ``train.exit_signal_handler``, ``trai
 ``train.exit_signal_handler_for_dataloader``, and an inline script's trainer line becomes
 ``exec python -m megatron_resilience ...`` (bash would otherwise swallow the signal and python be
 SIGKILLed); a Megatron-LM or Megatron-Bridge script (or any script, with ``script_args_converter_fn``)
-gets the converted ``PreemptionPluginScriptArgs``; anything else one warning.
+gets the converted ``PreemptionPluginScriptArgs``; a Megatron-Bridge Partial ``config.train``'s exit
+handler fields; a NeMo 2.0 Partial NeMo's ``PreemptionCallback(sig=...)`` in ``trainer.callbacks`` (or the
+``callbacks`` given, NeMo's own field); anything else one warning.
+
+``executor.signal`` already set by the user is compared by what Slurm makes of it (``TERM@60``, ``15@60``
+and ``SIGTERM@60`` are one request: ``config/slurm_signal.py``); only a different request is a conflict.
 
 Requeue (SlurmExecutor): nemo_run's plain sbatch script requeues only on a non-zero exit (while retries
 remain), and a preempted trainer exits 0 (torchrun, forwarding the signal, then exits 1). The job-level
@@ -29,13 +34,15 @@ when it touched ``$FAULT_TOL_FINISHED_FLAG_FILE`` (touched when training finishe
 from __future__ import annotations
 
 import logging
+import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config.slurm_signal import same_slurm_signal
 from megatron_resilience.config.slurm_time import slurm_time_seconds
-from megatron_resilience.plugins import batch_decision
+from megatron_resilience.plugins import batch_decision, partial_trainers
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
     claim,
@@ -43,12 +50,17 @@ from megatron_resilience.plugins._executor import (
     remember_preemption_signal,
     set_env,
 )
-from megatron_resilience.plugins._task import our_trainer_editor
 from megatron_resilience.plugins.batch_decision import uses_ft_launcher
 from megatron_resilience.plugins.executors import executor_profile
 from megatron_resilience.plugins.script_args import PreemptionPluginScriptArgs
 from megatron_resilience.plugins.task_check import check_task
-from megatron_resilience.plugins.task_settings import append_script_args, trainer_target, warn_unknown_trainer
+from megatron_resilience.plugins.task_settings import (
+    TrainerTarget,
+    append_script_args,
+    remember_finished_evidence,
+    trainer_target,
+    warn_unknown_trainer,
+)
 from megatron_resilience.upstream import TORCHRUN_SHUTDOWN_TIMEOUT_ENV, import_nemo_run
 
 run = import_nemo_run()
@@ -65,7 +77,8 @@ class PreemptionPlugin(run.Plugin):
     """Graceful exit on ``signal``, sent by Slurm ``preempt_time`` seconds before the job's time limit.
 
     The first fields and their defaults are Megatron-Bridge's; ``signal`` is ours (the trainer's
-    ``train.exit_signal``).
+    ``train.exit_signal``); ``callbacks`` is NeMo 2.0's: ``run.Config`` callbacks merged into a NeMo task's
+    ``trainer.callbacks`` instead of NeMo's ``PreemptionCallback``.
     """
 
     preempt_time: int = 60
@@ -73,6 +86,7 @@ class PreemptionPlugin(run.Plugin):
     enable_exit_handler_for_data_loader: bool = False
     script_args_converter_fn: Callable[[PreemptionPluginScriptArgs], list[str]] | None = None
     signal: str = "SIGTERM"
+    callbacks: list[Any] | None = None
 
     def __post_init__(self) -> None:
         check_int(f"{NAME}.preempt_time", self.preempt_time, minimum=1)
@@ -84,6 +98,10 @@ class PreemptionPlugin(run.Plugin):
         if self.script_args_converter_fn is not None and not callable(self.script_args_converter_fn):
             fail(f"{NAME}.script_args_converter_fn", "must be a function of PreemptionPluginScriptArgs",
                  self.script_args_converter_fn)
+        if self.callbacks is not None and (not isinstance(self.callbacks, (list, tuple)) or not all(
+                hasattr(c, "__fn_or_cls__") for c in self.callbacks)):
+            fail(f"{NAME}.callbacks", "must be a list of run.Config callbacks (NeMo 2.0's field), e.g. "
+                 "[run.Config(PreemptionCallback, sig=signal.SIGTERM)]", self.callbacks)
 
     def setup(self, task: Any, executor: Any) -> None:
         profile = executor_profile(executor, NAME)
@@ -91,7 +109,9 @@ class PreemptionPlugin(run.Plugin):
         remember_preemption_signal(executor, self.signal)
         check_signal_reaches_trainer(executor, NAME)
         check_task(task, executor)  # the same submit-time check as preview() and the CLI
-        editor = self._trainer_settings(task)
+        target = trainer_target(task, NAME, self.script_args_converter_fn if self.enable_exit_handler else None)
+        self._check_callbacks(target)
+        editor = self._trainer_settings(target)
         disable_nsys(executor, editor, NAME, "nsys would be the process that receives the preemption signal, "
                      "not the trainer")
         if not profile.scheduler_signal:
@@ -108,10 +128,10 @@ class PreemptionPlugin(run.Plugin):
         for key, existing in (("executor.signal", executor.signal),
                               ("executor.additional_parameters['signal']",
                                (executor.additional_parameters or {}).get("signal"))):
-            if existing is not None and existing != value:
+            if existing is not None and not same_slurm_signal(existing, value, key):
                 raise ConfigError(f"conflicting settings: {key}={existing!r} but {NAME} needs {value!r}; "
                                   f"set signal and preempt_time on the {NAME} only")
-        if executor.signal != value:
+        if executor.signal is None or not same_slurm_signal(executor.signal, value):
             log.info("%s: executor.signal: %r -> %r (#SBATCH --signal=%s)", NAME, executor.signal, value, value)
             executor.signal = value
         if TORCHRUN_SHUTDOWN_TIMEOUT_ENV not in executor.env_vars:
@@ -120,20 +140,25 @@ class PreemptionPlugin(run.Plugin):
             log.info("%s: executor.env_vars[%r] = %r (seconds torchrun waits for the ranks to save and exit)",
                      NAME, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
             set_env(executor, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
-        if editor is None:  # run_dir is read also with enable_exit_handler=False
-            editor = our_trainer_editor(task, NAME)
+        editor = target.editor  # run_dir is read also with enable_exit_handler=False
         if editor is not None and not uses_ft_launcher(executor.launcher) and not editor.run_dir():
             raise ConfigError(f"{NAME}: the task sets no run_dir; the trainer reports why it stopped in "
                               f"<run_dir>/{STOP_REASON_FILE}, which decides the requeue after a preemption")
+        remember_finished_evidence(executor, target)
         batch_decision.install(executor, editor)
 
-    def _trainer_settings(self, task: Any) -> Any:
+    def _check_callbacks(self, target: TrainerTarget) -> None:
+        if self.callbacks is not None and target.nemo is None:
+            raise ConfigError(f"{NAME}.callbacks: NeMo 2.0's field, merged into the trainer.callbacks of a NeMo "
+                              f"run.Partial (llm.pretrain with trainer=run.Config(Trainer, ...)); this task has no "
+                              f"Lightning trainer. Leave callbacks=None: the plugin sets the exit handler itself")
+
+    def _trainer_settings(self, target: TrainerTarget) -> Any:
         """The exit handler in the trainer; returns our trainer's editor (None for any other trainer)."""
         if not self.enable_exit_handler:
             log.info("%s: enable_exit_handler=False: the task is left as it is (its own signal handling applies)",
                      NAME)
             return None
-        target = trainer_target(task, NAME, self.script_args_converter_fn)
         if target.editor is not None:
             editor = target.editor
             editor.set("train.exit_signal_handler", True, "enable_exit_handler")
@@ -142,7 +167,15 @@ class PreemptionPlugin(run.Plugin):
                        "enable_exit_handler_for_data_loader")
             editor.make_trainer_direct_task()
             return editor
-        if target.converter is not None:
+        if target.nemo is not None:
+            callbacks = self.callbacks or [partial_trainers.callback_config(
+                partial_trainers.NEMO_PREEMPTION_CALLBACK, NAME, sig=int(getattr(_signal, self.signal)))]
+            partial_trainers.merge_callbacks(target.nemo, list(callbacks), NAME)
+        elif target.bridge is not None:
+            partial_trainers.configure_bridge_exit_handler(
+                target.bridge, for_data_loader=self.enable_exit_handler_for_data_loader, signal_name=self.signal,
+                plugin=NAME)
+        elif target.converter is not None:
             append_script_args(target, NAME, PreemptionPluginScriptArgs(
                 enable_exit_handler=True, enable_exit_handler_for_data_loader=self.enable_exit_handler_for_data_loader,
                 exit_signal=self.signal))

@@ -23,6 +23,7 @@ import tempfile
 from typing import Any, Iterable
 
 from megatron_resilience.config import ConfigError
+from megatron_resilience.plugins.submit_check import check_callable, check_plugins
 from megatron_resilience.plugins.task_check import check_task
 from megatron_resilience.upstream import import_nemo_run
 
@@ -46,6 +47,7 @@ def _prepared(task: Any, executor: Any, plugins: Iterable[Any], name: str, tmp: 
     """Clones of ``task`` and ``executor``, assigned to a job under ``tmp`` and set up by ``plugins`` in order
     (as ``Experiment.add`` does), then checked like the plugins check them."""
     run = import_nemo_run()
+    check_callable(task)
     experiment_id = f"{name}_preview"
     exp_dir = os.path.join(tmp, "experiments", name, experiment_id)
     job_executor = executor.clone()
@@ -62,9 +64,7 @@ def _prepared(task: Any, executor: Any, plugins: Iterable[Any], name: str, tmp: 
 def check_job(task: Any, executor: Any, plugins: Any | Iterable[Any] = (), *, name: str | None = None) -> None:
     """Every submit-time check of ``task`` on ``executor`` with ``plugins`` (any executor the plugins support),
     nothing rendered: what the CLI runs before it prints or submits anything."""
-    run = import_nemo_run()
-    if isinstance(plugins, run.Plugin):
-        plugins = [plugins]
+    plugins = check_plugins(plugins)
     with tempfile.TemporaryDirectory(prefix="megatron_resilience_check_") as tmp:
         _prepared(task, executor, plugins, name or default_name(task), tmp)
 
@@ -83,8 +83,8 @@ def preview(task: Any, executor: Any, plugins: Any | Iterable[Any] = (), *, name
 
     if not isinstance(executor, run.SlurmExecutor):
         raise ConfigError(f"preview: needs a run.SlurmExecutor (the sbatch script), got {type(executor).__name__}")
-    if isinstance(plugins, run.Plugin):
-        plugins = [plugins]
+    plugins = check_plugins(plugins)
+    check_callable(task)
     name = name or default_name(task)
 
     with tempfile.TemporaryDirectory(prefix="megatron_resilience_preview_") as tmp:

@@ -8,38 +8,31 @@ written for Megatron-Bridge works here unchanged.
 
 Built in:
 
-* :func:`megatron_bridge_args`: Megatron-Bridge's Hydra-style overrides (``ft.enable_ft_package=true``,
-  ``train.exit_signal_handler=True`` ...), what Bridge's plugins append by default;
+* :func:`megatron_bridge_args`: Megatron-Bridge's Hydra-style overrides. The exit handler as Bridge's own
+  converter spells it (``train.exit_signal_handler=True`` ...). FT as ``++ft._target_=<FaultToleranceConfig>
+  ++ft.enable_ft_package=true ++ft.calc_ft_timeouts=true``: Bridge's own ``ft.enable_ft_package=true``
+  raises ``OverridesError`` on every recipe (their ``ConfigContainer.ft`` is None, and Hydra cannot set a
+  key under None), ``+ft.`` gives a plain dict instead of a ``FaultToleranceConfig``; ``++`` with
+  ``_target_`` builds the real config whether the recipe left ``ft`` None or set it (checked with Bridge's
+  own parser, ``tests/test_peers_bridge.py``);
 * :func:`megatron_lm_args`: Megatron-LM's ``pretrain_gpt.py`` flags (``--enable-ft-package``,
   ``--calc-ft-timeouts``, ``--exit-signal-handler``, ``--exit-signal-handler-for-dataloader``,
-  ``--exit-signal``), as its argument definitions spell them (``megatron/training/arguments.py`` and the
-  ``TrainingConfig`` dataclass its parser is built from). They are ``store_true`` flags: a setting
-  that is off is expressed by leaving the flag out, and ``--exit-signal`` is given only for a signal
-  other than SIGTERM (older Megatron-LM releases do not have that flag; SIGTERM is their default).
+  ``--exit-signal``), as its argument parser spells them (``megatron/training/arguments.py``, checked
+  with that parser). They are ``store_true`` flags: a setting that is off is expressed by leaving the
+  flag out, and ``--exit-signal`` is given only for a signal other than SIGTERM (older Megatron-LM
+  releases do not have that flag; SIGTERM is their default).
 
-:func:`detect_converter` picks one of them for a ``run.Script`` whose arguments look like that
-trainer's command line; anything else gets no converter (and one warning from the plugin).
+:func:`detect_converter` recognises the trainer from what the arguments say (``trainer_detect``); a
+script nobody can recognise gets no converter, so no argument it might choke on.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# Megatron-Bridge's ConfigContainer sections: the first part of its Hydra-style override keys.
-BRIDGE_SECTIONS = (
-    "rng", "rerun_state_machine", "train", "model", "optimizer", "ddp", "validation", "scheduler", "dataset",
-    "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler", "nvrx_straggler", "profiling", "peft",
-    "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart",
-)
-# Flags every Megatron-LM pretraining command line carries (megatron/training/arguments.py).
-MEGATRON_LM_FLAGS = (
-    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size",
-    "--train-iters", "--train-samples", "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
-)
-_BRIDGE_OVERRIDE = re.compile(r"^\+{0,2}(" + "|".join(BRIDGE_SECTIONS) + r")\.[A-Za-z_][\w.]*=")
+# The class Bridge's ``_target_`` override builds (megatron/bridge/training/config.py).
+BRIDGE_FT_CONFIG = "megatron.bridge.training.config.FaultToleranceConfig"
 
 
 @dataclass
@@ -70,10 +63,10 @@ def _signal_number(name: str) -> int:
 
 
 def megatron_bridge_args(args: ScriptArgs) -> list[str]:
-    """Megatron-Bridge's Hydra-style overrides, spelled as Bridge's own default converters spell them."""
+    """Megatron-Bridge's Hydra-style overrides (FT in the form that parses on Bridge's recipes: module docstring)."""
     if isinstance(args, FaultTolerancePluginScriptArgs):
-        return [f"ft.enable_ft_package={str(args.enable_ft_package).lower()}",
-                f"ft.calc_ft_timeouts={str(args.calc_ft_timeouts).lower()}"]
+        return [f"++ft._target_={BRIDGE_FT_CONFIG}", f"++ft.enable_ft_package={str(args.enable_ft_package).lower()}",
+                f"++ft.calc_ft_timeouts={str(args.calc_ft_timeouts).lower()}"]
     out = [f"train.exit_signal_handler={args.enable_exit_handler}",
            f"train.exit_signal_handler_for_dataloader={args.enable_exit_handler_for_data_loader}"]
     if args.exit_signal != "SIGTERM":  # Bridge's TrainingConfig.exit_signal is a signal number (SIGTERM default)
@@ -96,19 +89,13 @@ def megatron_lm_args(args: ScriptArgs) -> list[str]:
 
 def detect_converter(task: Any) -> tuple[Converter, str] | None:
     """(converter, why) for a ``run.Script`` that runs a Megatron-LM or Megatron-Bridge trainer, else None."""
-    if task.inline:
+    from megatron_resilience.plugins.trainer_detect import detect_script_trainer
+
+    found = detect_script_trainer(task)
+    if found is None:
         return None
-    args = [str(a) for a in task.args]
-    script = os.path.basename(str(task.path))
-    megatron_lm = [a.split("=")[0] for a in args if a.split("=")[0] in MEGATRON_LM_FLAGS]
-    if megatron_lm:
-        return megatron_lm_args, f"Megatron-LM command line (flags {', '.join(megatron_lm[:3])})"
-    bridge = [a.split("=")[0] for a in args if _BRIDGE_OVERRIDE.match(a)]
-    if bridge:  # Bridge's recipe scripts are named pretrain_*.py too: its overrides decide first
-        return megatron_bridge_args, f"Megatron-Bridge Hydra-style overrides ({', '.join(bridge[:3])})"
-    if re.fullmatch(r"pretrain_\w+\.py", script):
-        return megatron_lm_args, f"Megatron-LM command line (script {script})"
-    return None
+    kind, why = found
+    return (megatron_lm_args if kind == "megatron_lm" else megatron_bridge_args), why
 
 
 def converter_name(converter: Converter) -> str:
@@ -116,6 +103,6 @@ def converter_name(converter: Converter) -> str:
 
 
 __all__ = [
-    "FaultTolerancePluginScriptArgs", "PreemptionPluginScriptArgs", "converter_name", "detect_converter",
-    "megatron_bridge_args", "megatron_lm_args",
+    "BRIDGE_FT_CONFIG", "FaultTolerancePluginScriptArgs", "PreemptionPluginScriptArgs", "converter_name",
+    "detect_converter", "megatron_bridge_args", "megatron_lm_args",
 ]

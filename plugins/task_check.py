@@ -12,7 +12,9 @@ What it checks:
   ``megatron_resilience.entry.pretrain`` and ``run.Script`` running ``python -m megatron_resilience
   key=value ...`` (module form, or an inline script's trainer line); other tasks are left to the
   plugins, which name the supported forms;
-* the job's size: TP x PP must divide nodes x ranks per node, and the global batch must fit;
+* the job's size: TP x PP must divide nodes x ranks per node, the global batch must fit, the memory estimate
+  per rank must fit (``config/memory.py``), and a Slurm job starts one rank per GPU it asks for
+  (``job_shape.py``), checked with or without a config of ours;
 * the executor: a Slurm account that is not empty and a time limit Slurm accepts (a ``MM:SS`` limit
   is logged, since ``01:30`` is 90 seconds to Slurm);
 * paths, when this machine sees the job's filesystem (a ``LocalExecutor``, or Slurm through a
@@ -31,6 +33,7 @@ from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.overrides import config_from_overrides
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.config.slurm_time import slurm_time_seconds, time_note
+from megatron_resilience.plugins.job_shape import check_ranks_per_node, ranks_per_node
 from megatron_resilience.upstream import import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")
@@ -98,7 +101,9 @@ def task_config(task: Any) -> tuple[PretrainConfig | None, set[str]]:
 
 
 def executor_world_size(executor: Any) -> int:
-    nodes, per_node = executor.nnodes(), executor.nproc_per_node()
+    run = import_nemo_run()
+    nodes = executor.nnodes()
+    per_node = ranks_per_node(executor) if isinstance(executor, run.SlurmExecutor) else executor.nproc_per_node()
     check_int("executor.nodes", nodes, minimum=1)
     check_int("executor.ntasks_per_node", per_node, minimum=1)
     return nodes * per_node
@@ -134,6 +139,8 @@ def check_task(task: Any, executor: Any = None) -> PretrainConfig | None:
     config, unchecked = task_config(task)
     if executor is not None:
         check_executor(executor)
+        if isinstance(executor, import_nemo_run().SlurmExecutor):
+            check_ranks_per_node(executor, config)
     if config is None:
         return None
     if executor is not None:

@@ -8,10 +8,13 @@ Executor changes never depend on this; only the task's own settings do. In order
    the result is appended to ``task.args`` (Megatron-Bridge's contract);
 3. a ``run.Script`` that looks like Megatron-LM's or Megatron-Bridge's command line: the matching
    built-in converter (``script_args.detect_converter``), with a log line saying why;
-4. anything else: no change to the task, and one warning that says what the trainer must do itself.
+4. a ``run.Partial`` of Megatron-Bridge (``config=ConfigContainer``) or NeMo 2.0 (a Lightning ``trainer``):
+   their own config fields / callbacks (``partial_trainers``);
+5. anything else: no change to the task, and one warning that says what the trainer must do itself.
 
-Besides, :func:`trainer_paths` reads what the launcher settings need from the task (checkpoint and
-data directories, the rerun mode) for the trainers the plugins understand.
+Converted arguments the task already carries are not added twice (``append_script_args``). Besides,
+:func:`trainer_paths` reads what the launcher settings and the job-level decision need from the task
+(checkpoint and data directories, the rerun mode, the last step) for the trainers the plugins understand.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from megatron_resilience.config import ConfigError
+from megatron_resilience.plugins import partial_trainers, trainer_detect
 from megatron_resilience.plugins._task import TaskEditor, describe_task, our_trainer_editor
 from megatron_resilience.plugins.script_args import (
     converter_name,
@@ -47,10 +52,12 @@ class TrainerTarget:
     editor: TaskEditor | None = None
     converter: Callable[[Any], list[str]] | None = None
     why: str = ""
+    bridge: Any = None  # a Megatron-Bridge Partial's ConfigContainer
+    nemo: Any = None  # a NeMo 2.0 Partial's trainer
 
     @property
     def known(self) -> bool:
-        return self.editor is not None or self.converter is not None
+        return any(x is not None for x in (self.editor, self.converter, self.bridge, self.nemo))
 
 
 def trainer_target(task: Any, plugin: str, converter_fn: Callable[[Any], list[str]] | None) -> TrainerTarget:
@@ -61,6 +68,16 @@ def trainer_target(task: Any, plugin: str, converter_fn: Callable[[Any], list[st
             log.info("%s: script_args_converter_fn=%s is not used: %s runs megatron_resilience's trainer, whose "
                      "settings the plugin sets directly", plugin, converter_name(converter_fn), describe_task(task))
         return TrainerTarget(task=task, editor=editor)
+    if isinstance(task, run.Partial):
+        bridge, nemo = partial_trainers.bridge_config(task), partial_trainers.nemo_trainer(task)
+        if converter_fn is not None and (bridge is not None or nemo is not None):
+            log.info("%s: script_args_converter_fn=%s is not used: %s is a run.Partial, whose settings the plugin "
+                     "sets in its config", plugin, converter_name(converter_fn), describe_task(task))
+        if bridge is not None:
+            return TrainerTarget(task=task, bridge=bridge, why="Megatron-Bridge ConfigContainer")
+        if nemo is not None:
+            return TrainerTarget(task=task, nemo=nemo, why="NeMo 2.0 / Lightning trainer")
+        return TrainerTarget(task=task)
     if not isinstance(task, run.Script) or task.inline:
         return TrainerTarget(task=task)
     if converter_fn is not None:
@@ -72,26 +89,61 @@ def trainer_target(task: Any, plugin: str, converter_fn: Callable[[Any], list[st
     return TrainerTarget(task=task, converter=converter, why=f"detected: {why}")
 
 
+def _valued_flags(args: list[str]) -> dict[str, str]:
+    """``--flag value`` pairs among ``args`` (a flag followed by a non-flag), for conflict checks."""
+    return {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("-")}
+
+
 def append_script_args(target: TrainerTarget, plugin: str, script_args: Any) -> list[str]:
-    """Append ``converter(script_args)`` to the Script's args (logged); returns what was appended."""
+    """Append ``converter(script_args)`` to the Script's args (logged); returns what was appended.
+
+    Arguments the task already has are not repeated (a Megatron-LM command line that carries
+    ``--enable-ft-package`` itself); a ``--flag value`` the task gives with another value is a conflict.
+    """
     args = list(target.converter(script_args))
     if not all(isinstance(a, str) for a in args):
-        from megatron_resilience.config import ConfigError
-
         raise ConfigError(f"{plugin}.script_args_converter_fn: must return a list of strings, got {args!r}")
-    target.task.args = list(target.task.args) + args
-    log.info("%s: task args += %s (%s, %s)", plugin, args, converter_name(target.converter), target.why)
-    return args
+    existing = [str(a) for a in target.task.args]
+    theirs, ours = _valued_flags(existing), _valued_flags(args)
+    if target.converter is megatron_lm_args and hasattr(script_args, "exit_signal"):
+        ours.setdefault("--exit-signal", script_args.exit_signal)  # SIGTERM is Megatron-LM's default: not rendered
+    for flag, value in ours.items():
+        if flag in theirs and theirs[flag] != value:
+            raise ConfigError(f"conflicting settings: the task's arguments give {flag} {theirs[flag]}, but {plugin} "
+                              f"needs {flag} {value}; remove it from the task or change the plugin's setting")
+    new, skip_value = [], False
+    for i, arg in enumerate(args):
+        if skip_value:
+            skip_value = False
+            continue
+        if arg in ours and arg in theirs and i + 1 < len(args):  # the same --flag value already there
+            skip_value = True
+            continue
+        if arg in existing and arg not in ours:
+            continue
+        new.append(arg)
+    kept = [a for a in args if a not in new]
+    if kept:
+        log.info("%s: task args already carry %s: not added again", plugin, kept)
+    target.task.args = existing + new
+    if new:
+        log.info("%s: task args += %s (%s, %s)", plugin, new, converter_name(target.converter), target.why)
+    return new
 
 
 def warn_unknown_trainer(target: TrainerTarget, plugin: str, needs: str) -> None:
     """The one warning for a task whose trainer the plugin cannot configure."""
     run = import_nemo_run()
     inline = isinstance(target.task, run.Script) and bool(target.task.inline)
-    how = ("an inline script cannot take converted arguments; start the trainer with 'exec' as the script's "
-           "last command so it is the process that receives signals" if inline else
-           "pass script_args_converter_fn (megatron_resilience.plugins.megatron_lm_args, megatron_bridge_args or "
-           "your own function of the ScriptArgs) to have the plugin add them")
+    if inline:
+        how = ("an inline script cannot take converted arguments; start the trainer with 'exec' as the script's "
+               "last command so it is the process that receives signals")
+    elif isinstance(target.task, run.Script):
+        how = ("pass script_args_converter_fn (megatron_resilience.plugins.megatron_lm_args, megatron_bridge_args or "
+               "your own function of the ScriptArgs) to have the plugin add them")
+    else:  # script_args_converter_fn never applies to a Partial: say what does
+        how = ("the plugins configure run.Partial tasks of megatron_resilience.entry.pretrain, of Megatron-Bridge "
+               "(config=ConfigContainer) and of NeMo 2.0 (a Lightning trainer=); this function is none of them")
     log.warning("%s: %s is not a trainer the plugins know (megatron_resilience, Megatron-LM, Megatron-Bridge): the "
                 "executor is set up, but the trainer must itself %s; %s", plugin, describe_task(target.task),
                 needs, how)
@@ -105,6 +157,7 @@ class TrainerPaths:
     checkpoint_load: str | None = None
     data_dirs: list[str] = field(default_factory=list)
     rerun_mode: str | None = None
+    train_iters: int | None = None  # the run's last step (jobs/finished.py compares the checkpoint tracker to it)
 
     @property
     def tracker_file(self) -> str | None:
@@ -121,20 +174,6 @@ def _data_dirs(prefixes: list[str]) -> list[str]:
     return [os.path.dirname(p) for p in prefixes if os.path.isabs(p)]
 
 
-def _flag_values(args: list[str], flag: str) -> list[str]:
-    values = []
-    for i, arg in enumerate(args):
-        if arg == flag:
-            values += [a for a in args[i + 1:] if not a.startswith("--")][:None if flag == "--data-path" else 1]
-        elif arg.startswith(flag + "="):
-            values.append(arg.split("=", 1)[1])
-    return values
-
-
-def _override_values(args: list[str], key: str) -> list[str]:
-    return [a.split("=", 1)[1] for a in args if a.lstrip("+").split("=", 1)[0] == key and "=" in a]
-
-
 def trainer_paths(target: TrainerTarget) -> TrainerPaths:
     if target.editor is not None:
         editor = target.editor
@@ -142,20 +181,47 @@ def trainer_paths(target: TrainerTarget) -> TrainerPaths:
         return TrainerPaths(checkpoint_save=editor.get("checkpoint.save"),
                             checkpoint_load=editor.get("checkpoint.load"),
                             data_dirs=_data_dirs(list(data)) + [d for d in [editor.get("data.cache_dir")] if d],
-                            rerun_mode=editor.get("rerun.rerun_mode"))
+                            rerun_mode=editor.get("rerun.rerun_mode"), train_iters=editor.get("train.max_steps"))
+    if target.bridge is not None:
+        save, load, iters = partial_trainers.bridge_run_facts(target.bridge)
+        return TrainerPaths(checkpoint_save=save, checkpoint_load=load, train_iters=iters)
+    if target.nemo is not None:  # NeMo's checkpoints have no Megatron tracker: the end-of-training line decides
+        return TrainerPaths(train_iters=partial_trainers.nemo_max_steps(target.nemo))
     if target.converter is megatron_lm_args:
         args = [str(a) for a in target.task.args]
-        data = [p for value in _flag_values(args, "--data-path") for p in shlex.split(value)]
-        return TrainerPaths(checkpoint_save=next(iter(_flag_values(args, "--save")), None),
-                            checkpoint_load=next(iter(_flag_values(args, "--load")), None), data_dirs=_data_dirs(data),
-                            rerun_mode=next(iter(_flag_values(args, "--rerun-mode")), None))
+        data = [p for value in trainer_detect.flag_values_all(args, "--data-path") for p in shlex.split(value)]
+        save, load, iters = trainer_detect.script_run_facts("megatron_lm", args)
+        return TrainerPaths(checkpoint_save=save, checkpoint_load=load, data_dirs=_data_dirs(data),
+                            rerun_mode=next(iter(trainer_detect.flag_values(args, "--rerun-mode")), None),
+                            train_iters=iters)
     if target.converter is megatron_bridge_args:
         args = [str(a) for a in target.task.args]
-        return TrainerPaths(checkpoint_save=next(iter(_override_values(args, "checkpoint.save")), None),
-                            checkpoint_load=next(iter(_override_values(args, "checkpoint.load")), None),
-                            rerun_mode=next(iter(_override_values(args, "rerun_state_machine.rerun_mode")), None))
+        save, load, iters = trainer_detect.script_run_facts("bridge", args)
+        rerun = trainer_detect.override_values(args, "rerun_state_machine.rerun_mode")
+        return TrainerPaths(checkpoint_save=save, checkpoint_load=load, train_iters=iters,
+                            rerun_mode=rerun[0] if rerun else None)
     return TrainerPaths()
 
 
-__all__ = ["CHECKPOINT_TRACKER_FILE", "TrainerPaths", "TrainerTarget", "append_script_args", "trainer_paths",
-           "trainer_target", "warn_unknown_trainer"]
+_FINISHED_EVIDENCE = "_megatron_resilience_finished_evidence"
+
+
+def remember_finished_evidence(executor: Any, target: TrainerTarget) -> None:
+    """Where the job-level decision finds whether a trainer other than ours finished (``jobs/finished.py``): the
+    checkpoint directory whose tracker to read and the run's last step, as read from the task at submit time.
+    Our trainer reports it itself (``stop_reason.json`` and the finished flag)."""
+    if target.editor is not None:
+        return
+    paths = trainer_paths(target)
+    directory = paths.checkpoint_save or paths.checkpoint_load
+    executor.__dict__[_FINISHED_EVIDENCE] = {"checkpoint_dir": directory if isinstance(directory, str) else None,
+                                             "train_iters": paths.train_iters}
+
+
+def finished_evidence(executor: Any) -> dict[str, Any]:
+    """What :func:`remember_finished_evidence` recorded on this executor ({} when nothing)."""
+    return dict(executor.__dict__.get(_FINISHED_EVIDENCE) or {})
+
+
+__all__ = ["CHECKPOINT_TRACKER_FILE", "TrainerPaths", "TrainerTarget", "append_script_args", "finished_evidence",
+           "remember_finished_evidence", "trainer_paths", "trainer_target", "warn_unknown_trainer"]

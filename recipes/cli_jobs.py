@@ -1,77 +1,165 @@
 """``nemo megatron_resilience report RUN`` and ``nemo megatron_resilience watch RUN``: the job-level commands.
 
-``RUN`` is a run directory (it holds ``job_ledger.jsonl``) or a NeMo-Run experiment id (its job's
-``run_dir`` is used). Options are ``key=value`` as elsewhere in NeMo-Run's CLI:
-``report RUN png=/tmp/t.png logs=true``, ``watch RUN interval=10 once=true``. Both run here, on the
-login node, at once (no executor, no confirmation). Registered by one import in ``recipes/cli.py``.
+``RUN`` is a run directory (it holds ``metrics.jsonl`` or ``job_ledger.jsonl``) or a NeMo-Run experiment id
+(its job's ``run_dir`` is used). Options take either form, NeMo-Run's ``key=value`` or the flags of
+``python -m megatron_resilience.report`` / ``.watch``:
+
+    nemo megatron_resilience report RUN [png=PATH|none] [logs=true] [json=true] [tensorboard=false]
+    nemo megatron_resilience report RUN [--png PATH] [--logs] [--json] [--no-tensorboard]
+    nemo megatron_resilience watch RUN [interval=SECONDS] [once=true] [job_id=ID] [config=PATH]
+    nemo megatron_resilience watch RUN [--interval SECONDS] [--once] [--job-id ID] [--config PATH]
+
+Both run here, on the login node, at once (no executor, no confirmation). A value that does not parse
+(``logs=maybe``) or an unknown option (``pgn=x``) is one ``Error:`` line naming the option and the valid
+ones. nemo_run's executor-less entrypoints parse their arguments with Fiddle (positional values fill the
+parameters in order, so ``--png x`` became ``png='--png'``); :class:`ToolEntrypoint` parses them here.
+Registered by one import in ``recipes/cli.py``.
 """
 
-import dataclasses
+from __future__ import annotations
+
+import difflib
 import os
-from typing import Any, Callable, List, Literal
+from typing import Any, Callable
 
 from megatron_resilience.upstream import import_nemo_run
+from megatron_resilience.upstream.nemorun import cli_classes
 
-run = import_nemo_run()
-from nemo_run.cli.api import RunContext, RunContextError  # noqa: E402
+_, RunContextError, Entrypoint = cli_classes()
 
 NAMESPACE = "megatron_resilience"
-TRUE = ("1", "true", "yes", "on")
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+# option -> (kind, the flag of the python -m command it becomes); "bool" options are flags there
+REPORT_OPTIONS = {"png": ("str", "--png"), "logs": ("bool", "--logs"), "json": ("bool", "--json"),
+                  "tensorboard": ("bool", None)}
+WATCH_OPTIONS = {"interval": ("float", "--interval"), "once": ("bool", "--once"), "job_id": ("str", "--job-id"),
+                 "config": ("str", "--config")}
 
 
 def run_dir_of(run: str) -> str:
     """A run directory as given, or the ``run_dir`` of a NeMo-Run experiment's (first) job."""
     if os.path.isdir(run):
         return run
-    from megatron_resilience.plugins._task import task_editor
+    from megatron_resilience.plugins._task import our_trainer_editor
+    from megatron_resilience.upstream.nemorun import experiment_tasks
 
     try:
-        exp = import_nemo_run().Experiment.from_id(run)
+        tasks = experiment_tasks(run)
     except Exception as err:  # noqa: BLE001 - nemo_run raises several kinds for an unknown id
         raise RunContextError(f"{run!r} is neither a run directory nor a NeMo-Run experiment id ({err})") from None
-    for job in exp.jobs:
-        found = task_editor(job.task, "megatron_resilience").run_dir()
+    for task in tasks:
+        editor = our_trainer_editor(task, "megatron_resilience")
+        found = editor.run_dir() if editor is not None else None
         if found:
             return found
     raise RunContextError(f"experiment {run!r} has no job with a run_dir")
 
 
-@dataclasses.dataclass(kw_only=True)
-class ToolRunContext(RunContext):
-    """Calls the command with RUN and its key=value options; nothing is submitted."""
+def _listing(options: dict[str, tuple[str, str | None]]) -> str:
+    kinds = {"bool": "true|false", "float": "SECONDS", "str": "VALUE"}
+    return ", ".join(f"{name}={kinds[kind]}" for name, (kind, _) in options.items())
 
-    def cli_execute(self, fn: Callable, args: List[str],
-                    entrypoint_type: Literal["task", "experiment"] = "task") -> None:
-        positional = [a for a in args if "=" not in a]
-        options = dict(a.split("=", 1) for a in args if "=" in a)
-        if len(positional) != 1:
-            raise RunContextError(f"{fn.__name__}: give exactly one run directory or experiment id, got {positional}")
-        code = fn(run_dir_of(positional[0]), **options)
+
+def parse_tool_args(command: str, args: list[str], options: dict[str, tuple[str, str | None]]
+                    ) -> tuple[str, dict[str, Any]]:
+    """(RUN, {option: value}) from ``key=value`` and ``--key [value]`` forms; RunContextError names the option."""
+    positional, values = [], {}
+    items = list(args)
+    while items:
+        arg = items.pop(0)
+        if arg.startswith("--"):
+            key, has_value, value = arg[2:].partition("=")
+            key = key.replace("-", "_")
+            if key.startswith("no_") and options.get(key[3:], ("",))[0] == "bool" and not has_value:
+                key, value, has_value = key[3:], "false", True
+            kind = options.get(key, ("",))[0]
+            if not has_value:
+                if kind == "bool":
+                    value = "true"
+                elif items and kind:
+                    value = items.pop(0)
+                elif kind:
+                    raise RunContextError(f"{command}: --{key.replace('_', '-')} needs a value")
+        elif "=" in arg:
+            key, _, value = arg.partition("=")
+        else:
+            positional.append(arg)
+            continue
+        if key not in options:
+            close = difflib.get_close_matches(key, list(options), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise RunContextError(f"{command}: unknown option {key!r}; {hint}options: {_listing(options)}")
+        kind = options[key][0]
+        if kind == "bool":
+            if value.lower() not in TRUE + FALSE:
+                raise RunContextError(f"{command}: {key} must be true or false, got {value!r}")
+            values[key] = value.lower() in TRUE
+        elif kind == "float":
+            try:
+                values[key] = float(value)
+            except ValueError:
+                raise RunContextError(f"{command}: {key} must be a number of seconds, got {value!r}") from None
+            if values[key] <= 0:
+                raise RunContextError(f"{command}: {key} must be a number of seconds > 0, got {value!r}")
+        else:
+            values[key] = value
+    if len(positional) != 1:
+        raise RunContextError(f"{command}: give exactly one run directory or experiment id, got {positional}")
+    return positional[0], values
+
+
+def report_argv(run: str, values: dict[str, Any]) -> list[str]:
+    argv = [run]
+    if values.get("png"):
+        argv += ["--png", values["png"]]
+    argv += ["--logs"] * bool(values.get("logs")) + ["--json"] * bool(values.get("json"))
+    return argv + (["--no-tensorboard"] if values.get("tensorboard") is False else [])
+
+
+def watch_argv(run: str, values: dict[str, Any]) -> list[str]:
+    argv = [run]
+    for key in ("interval", "job_id", "config"):
+        if key in values:
+            argv += [WATCH_OPTIONS[key][1], str(values[key])]
+    return argv + ["--once"] * bool(values.get("once"))
+
+
+class ToolEntrypoint(Entrypoint):
+    """An executor-less entrypoint whose arguments are parsed by :func:`parse_tool_args`, not Fiddle."""
+
+    def _execute_simple(self, args: list[str], console: Any) -> None:
+        options = REPORT_OPTIONS if self.fn.__name__ == "report" else WATCH_OPTIONS
+        run, values = parse_tool_args(self.fn.__name__, args, options)
+        code = self.fn(run_dir_of(run), **values)
         if code:
             raise SystemExit(code)
 
 
-def report(run: str, png: str = "", logs: str = "false", json: str = "false") -> int:
-    """The run's chain of attempts, goodput and badput by cause, and a PNG timeline (RUN_DIR/attempts_timeline.png)."""
+def report(run: str, png: str = "", logs: bool = False, json: bool = False, tensorboard: bool = True) -> int:
+    """The run's chain of attempts, goodput and badput by cause, a PNG timeline (RUN_DIR/attempts_timeline.png)
+    and goodput/badput as TensorBoard scalars in the run's TensorBoard folder."""
     from megatron_resilience.jobs.report_cli import main
 
-    argv = [run] + (["--png", png] if png else []) + (["--logs"] if logs.lower() in TRUE else []) + \
-        (["--json"] if json.lower() in TRUE else [])
-    return main(argv)
+    return main(report_argv(run, {"png": png, "logs": logs, "json": json, "tensorboard": tensorboard}))
 
 
-def watch(run: str, interval: str = "30", once: str = "false", job_id: str = "") -> int:
+def watch(run: str, interval: float = 30.0, once: bool = False, job_id: str = "", config: str = "") -> int:
     """Watch the run's Slurm jobs for what they cannot see about themselves (node failure, lost batch host, ...)."""
     from megatron_resilience.jobs.watch_cli import main
 
-    return main([run, "--interval", interval] + (["--once"] if once.lower() in TRUE else []) +
-                (["--job-id", job_id] if job_id else []))
+    values = {"interval": interval, "once": once, **({"job_id": job_id} if job_id else {}),
+              **({"config": config} if config else {})}
+    return main(watch_argv(run, values))
 
 
 def _register(fn: Callable[..., Any], help: str) -> None:
-    run.cli.entrypoint(namespace=NAMESPACE, run_ctx_cls=ToolRunContext, enable_executor=False,
-                       skip_confirmation=True, help=help)(fn)
+    import_nemo_run().cli.entrypoint(namespace=NAMESPACE, entrypoint_cls=ToolEntrypoint, enable_executor=False,
+                                     skip_confirmation=True, help=help)(fn)
 
 
-_register(report, "The run's chain of Slurm attempts: why each ended, decisions, goodput/badput, PNG timeline.")
-_register(watch, "Watch a run's Slurm jobs: node failures, lost batch hosts, finished-but-alive, stalls.")
+_register(report, "The run's chain of Slurm attempts: why each ended, decisions, goodput/badput (also as "
+                  "TensorBoard scalars), PNG timeline. Options: png=PATH|none logs=true json=true tensorboard=false "
+                  "(or --png PATH --logs --json --no-tensorboard).")
+_register(watch, "Watch a run's Slurm jobs: node failures, lost batch hosts, finished-but-alive, stalls. Options: "
+                 "interval=SECONDS once=true job_id=ID config=PATH (or --interval SECONDS --once --job-id ID "
+                 "--config PATH).")

@@ -26,6 +26,8 @@ from megatron_resilience.upstream import import_nemo_run  # noqa: E402
 
 run = import_nemo_run()
 
+import peer_standins  # noqa: E402
+
 from megatron_resilience.config import CheckpointConfig, RerunConfig, TrainingConfig  # noqa: E402
 from megatron_resilience.entry import pretrain  # noqa: E402
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin, preview  # noqa: E402
@@ -68,6 +70,47 @@ def megatron_lm_task():
                       args=["--tensor-model-parallel-size", "2", "--micro-batch-size", "4", "--train-iters", "1000",
                             "--save", "/lustre/runs/gpt/ckpt", "--load", "/lustre/runs/gpt/ckpt",
                             "--save-interval", "100", "--data-path", "/lustre/data/web_text_document"])
+
+
+# Issue 22: each launch shape a user migrating from Megatron-Bridge, NeMo 2.0 or Megatron-LM documents.
+def bridge_config_file_task():
+    """Bridge's example recipe script as its NeMo-Run launcher runs it: a YAML config file, no overrides."""
+    return run.Script(path="/opt/Megatron-Bridge/examples/recipes/llama/pretrain_llama3_8b.py", entrypoint="python",
+                      args=["--config-file", "/lustre/conf/llama3_8b.yaml"])
+
+
+def bridge_run_recipe_task():
+    """Bridge's current launch flow: scripts/training/run_recipe.py --recipe NAME (a relative path, as in its docs)."""
+    return run.Script(path="scripts/training/run_recipe.py", entrypoint="python",
+                      args=["--recipe", "llama32_1b_pretrain_config", "--max_steps", "1000",
+                            "--save_dir", "/lustre/runs/llama/ckpt"])
+
+
+def bridge_old_pretrain_gpt_task():
+    """Bridge's older scripts/training/pretrain_gpt.py --recipe NAME: named like Megatron-LM's script."""
+    return run.Script(path="/workspace/scripts/training/pretrain_gpt.py", entrypoint="python",
+                      args=["--recipe", "llama3_8b_pretrain_config"])
+
+
+def bridge_partial_task():
+    """Bridge's run.Partial(pretrain, config=ConfigContainer(...)) (stand-in classes: tests/peer_standins.py)."""
+    return run.Partial(peer_standins.bridge_pretrain, config=peer_standins.bridge_container(),
+                       forward_step_func=peer_standins.bridge_forward_step)
+
+
+def nemo_pretrain_task():
+    """NeMo 2.0's llm.pretrain Partial with a trainer that already has a callback (stand-ins: peer_standins)."""
+    return run.Partial(peer_standins.nemo_pretrain, model=None, data=None,
+                       trainer=run.Config(peer_standins.Trainer, max_steps=1000, devices=2,
+                                          callbacks=[run.Config(peer_standins.TimingCallback)]),
+                       log=run.Config(peer_standins.NeMoLogger, log_dir="/lustre/runs/nemo"))
+
+
+def megatron_lm_own_flags_task():
+    """Megatron-LM's pretrain_gpt.py whose command line already asks for FT and the exit handler itself."""
+    task = megatron_lm_task()
+    task.args = [*task.args, "--enable-ft-package", "--exit-signal-handler"]
+    return task
 
 
 def slurm(nodes=1, gpus=2, launcher=None, **kw):
@@ -118,6 +161,16 @@ CASES = {
     "ft_preemption_bridge_script": lambda: (bridge_task(), slurm(), [ft(), PreemptionPlugin()]),
     "ft_preemption_megatron_lm_script": lambda: (
         megatron_lm_task(), slurm(), [ft(), PreemptionPlugin(preempt_time=120)]),
+    # Issue 22: migrating users' launches (Bridge's launchers and Partials, NeMo 2.0, Megatron-LM's own flags).
+    "ft_preemption_bridge_config_file_script": lambda: (bridge_config_file_task(), slurm(), [ft(), PreemptionPlugin()]),
+    "ft_preemption_bridge_run_recipe_script": lambda: (bridge_run_recipe_task(), slurm(), [ft(), PreemptionPlugin()]),
+    "ft_preemption_bridge_pretrain_gpt_recipe_script": lambda: (
+        bridge_old_pretrain_gpt_task(), slurm(), [ft(), PreemptionPlugin()]),
+    "ft_preemption_bridge_partial": lambda: (
+        bridge_partial_task(), slurm(signal="TERM@60"), [ft(), PreemptionPlugin()]),
+    "ft_preemption_nemo_partial": lambda: (nemo_pretrain_task(), slurm(), [ft(), PreemptionPlugin()]),
+    "ft_preemption_megatron_lm_own_flags_script": lambda: (
+        megatron_lm_own_flags_task(), slurm(), [ft(), PreemptionPlugin()]),
     # Issue 15: every ft_launcher safety feature of the oldest and the newest supported release; 0.6's progress
     # settings go on the command line (its command-line defaults override the config file).
     "ft_every_feature_nvrx_0_4": lambda: (partial_task(rerun=_rerun()), slurm(),
@@ -140,8 +193,9 @@ def nvrx_release(case: str) -> str:
 
 
 def render(case: str) -> str:
-    task, executor, plugins = CASES[case]()
-    return preview(task, executor, plugins, name="gpt", with_scripts=True)
+    with peer_standins.installed():  # Bridge's and NeMo's modules, for the cases that use their tasks
+        task, executor, plugins = CASES[case]()
+        return preview(task, executor, plugins, name="gpt", with_scripts=True)
 
 
 def golden_path(case: str) -> str:

@@ -114,7 +114,7 @@ def test_an_unknown_section_lists_the_sections_and_where_every_key_is():
     code, _, err = nemo("--factory", "gpt_tiny", "--dryrun", "foo=1")
     assert code == 1
     assert err == ("Error: foo: unknown key; sections: run_dir, model, parallel, data, optim, train, checkpoint, ft, "
-                   "straggler, rerun (every key: python -m megatron_resilience --help)\n")
+                   "straggler, rerun, logger (every key: python -m megatron_resilience --help)\n")
 
 
 def test_without_a_factory_run_dir_is_required_and_sections_default(tmp_path):

@@ -5,7 +5,7 @@ The run is ``make demo`` made small (``examples/demo.py``'s ``build`` and ``laun
 on 2 CPU ranks under the real ft_launcher through ``run.Experiment`` with both plugins, rank 1 SIGKILLed),
 and the log is the job's combined launcher + ranks log, the one a person opens.
 
-Two kinds of upstream lines stay, and only them (README, "Logs"): the launcher's one ERROR line that
+Two kinds of upstream lines stay, and only them (docs/trainer.md): the launcher's one ERROR line that
 reports the killed rank (that is the fault itself), and, on a machine without NVML (no GPU driver, as
 here), nvidia-resiliency-ext's NIC health check reporting that NVML cannot be loaded.
 """

@@ -21,6 +21,21 @@ def test_plugins_and_recipes_do_not_import_torch_or_megatron():
     assert out.stdout.strip() == "[]"
 
 
+def test_dashboards_and_the_reports_tensorboard_scalars_stay_torch_free():
+    """The login node's report writes TensorBoard scalars with the tensorboard package's own writer (tensorboardX
+    would import torch): importing the dashboards and writing an event file loads neither torch nor wandb."""
+    code = (
+        "import sys, tempfile\n"
+        "from megatron_resilience.jobs import report_cli\n"
+        "from megatron_resilience.dashboards import Point\n"
+        "from megatron_resilience.dashboards.tensorboard import EventWriter\n"
+        "w = EventWriter(tempfile.mkdtemp()); w.write([Point('goodput/goodput-percent', 50.0, 3)]); w.close()\n"
+        f"print({HEAVY}, 'wandb' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] False"
+
+
 def test_command_line_rejects_a_bad_key_before_importing_torch():
     """``python -m megatron_resilience`` with a typo exits 1 with the key's message, and torch was never imported."""
     code = (

@@ -32,7 +32,7 @@ def test_round_trip_is_exact():
      "train.maxsteps: unknown key; did you mean train.max_steps? valid keys in train: train.max_steps, "),
     (["run_dir=/r", "trian.max_steps=1"], "trian.max_steps: unknown key; did you mean train.max_steps? sections: "
                                           "run_dir, model, parallel, data, optim, train, checkpoint, ft, straggler, "
-                                          "rerun (every key: python -m megatron_resilience --help)"),
+                                          "rerun, logger (every key: python -m megatron_resilience --help)"),
     (["run_dir=/r", "model.layers=2"], "model.layers: unknown key; did you mean model.num_layers? valid keys in model"),
     (["run_dir=/r", "optim.warmup=2"], "optim.warmup: unknown key; valid keys in optim: optim.optimizer, optim.lr,"),
     (["run_dir=/r", "ft.mode=sections", "train.exit_duration_in_mins=inf"],

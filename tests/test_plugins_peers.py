@@ -8,7 +8,7 @@ the script's arguments, ft_launcher as the launcher, a ``script_args_converter_f
 ``PreemptionPluginScriptArgs`` / ``FaultTolerancePluginScriptArgs`` for scripts with other flags, and
 ``enable_exit_handler=False`` leaving the task alone. NeMo 2.0 documents the same FT fields and defaults.
 Where ours deliberately differ (job retries are counted as attempts on Slurm; section timeouts by
-default), the README's migration table says why, and the tests below pin the difference.
+default), docs/migration.md's table says why, and the tests below pin the difference.
 """
 
 from __future__ import annotations
@@ -76,15 +76,20 @@ def test_field_names_and_defaults_are_bridges_and_nemos():
 def test_bridge_script_gets_bridges_overrides_the_launcher_and_the_signal(tmp_path, caplog):
     caplog.set_level(logging.INFO, LOGGER)
     task, executor = setup([FaultTolerancePlugin(), PreemptionPlugin()], bridge_task(), slurm(tmp_path))
+    # FT in the form Bridge's own Hydra parser accepts on a recipe whose ConfigContainer.ft is None (every recipe):
+    # Bridge's own "ft.enable_ft_package=true" raises OverridesError there (tests/test_peers_bridge.py).
     assert task.args == ["train.train_iters=1000", "checkpoint.save=/lustre/runs/llama/ckpt",
-                         "checkpoint.save_interval=100", "ft.enable_ft_package=true", "ft.calc_ft_timeouts=true",
+                         "checkpoint.save_interval=100",
+                         "++ft._target_=megatron.bridge.training.config.FaultToleranceConfig",
+                         "++ft.enable_ft_package=true", "++ft.calc_ft_timeouts=true",
                          "train.exit_signal_handler=True", "train.exit_signal_handler_for_dataloader=False"]
     assert isinstance(executor.launcher, run.FaultTolerance) and executor.launcher.max_restarts == 3
-    assert executor.signal == "SIGTERM@60"  # Bridge writes TERM@60: the same signal, Slurm accepts both spellings
+    assert executor.signal == "SIGTERM@60"  # Bridge writes TERM@60: the same request (see test_signal_spellings...)
     # Deliberate difference: on Slurm nemo_run's FT script counts attempts, so N retries need retries = N + 1.
     assert executor.retries == 3
     logged = [r.getMessage() for r in caplog.records if r.name == LOGGER]
-    assert ("FaultTolerancePlugin: task args += ['ft.enable_ft_package=true', 'ft.calc_ft_timeouts=true'] "
+    assert ("FaultTolerancePlugin: task args += ['++ft._target_=megatron.bridge.training.config.FaultToleranceConfig', "
+            "'++ft.enable_ft_package=true', '++ft.calc_ft_timeouts=true'] "
             "(megatron_bridge_args, detected: Megatron-Bridge Hydra-style overrides (train.train_iters, "
             "checkpoint.save, checkpoint.save_interval))") in logged
 

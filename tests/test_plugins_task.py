@@ -223,11 +223,3 @@ def test_rendering_follows_nvrx_version(tmp_path, version, env, cli_fields):
         ["--ft-log_level"] if parsed < (0, 4) else [])
     assert upstream.unaccepted_ft_launcher_flags(["--ignore-missing-fault-tol-cfg"], parsed) == (
         ["--ignore-missing-fault-tol-cfg"] if parsed >= (0, 5) else [])
-
-
-def test_warns_when_ranks_per_node_do_not_match_gpus(tmp_path, caplog):
-    caplog.set_level(logging.INFO, LOGGER)
-    executor = slurm(tmp_path, ntasks_per_node=1, gpus_per_node=8)
-    FaultTolerancePlugin().setup(run.Partial(pretrain, run_dir="/r"), executor)
-    assert ("FaultTolerancePlugin: ft_launcher will start 1 rank(s) per node but executor.gpus_per_node=8; set "
-            "ntasks_per_node=8 (nemo_run turns it into --nproc-per-node)") in messages(caplog)

@@ -14,9 +14,11 @@ import json
 import os
 import re
 import signal
+import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from dashboards_support import read_tensorboard
 from resilience_support.launch import (
     DEFAULT_TIMEOUTS,
     Run,
@@ -386,6 +388,14 @@ def test_7_slowed_rank_named_in_straggler_report_and_stop_if_detected_checkpoint
     assert f"checkpoint: committed {run.ckpt}/iter_{stop['step']:07d}" in log
     assert (run.ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(stop["step"])
     assert not [p.name for p in run.ckpt.iterdir() if p.name.endswith(".tmp")]
+    # Every report is a `straggler` record, and the run's TensorBoard shows each rank's score at the report's step.
+    reports = [r for r in run.records() if r["kind"] == "straggler"]
+    assert reports and reports[-1]["step"] == stop["step"] and reports[-1]["stragglers"] == [1]
+    assert reports[-1]["scores"]["gpu-relative-perf"]["1"] == pytest.approx(float(worst.group(3)), abs=0.005)
+    tb = read_tensorboard(str(run.run_dir / "tensorboard"))
+    assert [s for s, _ in tb["straggler/stragglers"]] == [r["step"] for r in reports]
+    assert tb["straggler/gpu-relative-perf/rank-1"][-1] == (
+        stop["step"], struct.unpack("f", struct.pack("f", reports[-1]["scores"]["gpu-relative-perf"]["1"]))[0])
 
 
 def test_8_in_job_restarts_exhausted_launcher_exits_nonzero_and_says_why(runs):

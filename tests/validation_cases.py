@@ -103,15 +103,34 @@ TASK_CASES = [
      "({tmp}/missing.bin, {tmp}/missing.idx not found)", ALL),
     (["data.tokenizer=gpt2", "data.vocab_file={tmp}/vocab.json", "data.merge_file={tmp}/afile"],
      "data.vocab_file: must be an existing file, got '{tmp}/vocab.json' (not found)", ALL),
+    # a resume the user asked for that is not there: an error, not a silent start from step 0 (issue 27)
+    (["checkpoint.load={tmp}/missing"],
+     "checkpoint.load: must be a folder holding a checkpoint to resume from, got '{tmp}/missing' (not found); "
+     "checkpoint.load_optional=true starts from step 0 when it holds none", ALL),
+    (["checkpoint.load={tmp}"],
+     "checkpoint.load: must be a folder holding a checkpoint to resume from, got '{tmp}' (no checkpoint in it: no "
+     "iter_NNNNNNN folder, no latest_checkpointed_iteration.txt); checkpoint.load_optional=true starts from step 0 "
+     "when it holds none", ALL),
+    (["checkpoint.load_optional=true"], "checkpoint.load: must be set when checkpoint.load_optional is true, got None",
+     ALL),
+    # a shape that cannot fit one rank's memory (config/memory.py)
+    (["model.vocab_size=1000000000000000"],
+     "model.vocab_size: the model does not fit: about 9.54e+08 GiB per rank (6.4e+16 parameters on the first "
+     "pipeline stage x 16 bytes for fp32 weights and gradients and Adam state = 9.54e+08 GiB, + activations of at "
+     "least 0.00208 GiB), more than train.gpu_memory_gib=80; make it smaller, split it over more ranks "
+     "(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size), shard the optimizer "
+     "(parallel.use_distributed_optimizer=true), or set train.gpu_memory_gib to the GPUs' memory, got "
+     "1000000000000000", ALL),
+    (["train.gpu_memory_gib=0"], "train.gpu_memory_gib: must be a number > 0, got 0.0", ALL),
     # keys: the Python side cannot hold an unknown key (Fiddle rejects the attribute, see below)
     (["train.max_stepz=3"],
      "train.max_stepz: unknown key; did you mean train.max_steps? valid keys in train: train.max_steps, "
      "train.micro_batch_size, train.global_batch_size, train.seed, train.log_interval, train.eval_interval, "
      "train.eval_iters, train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
-     "train.exit_duration_in_mins, train.device", NO_PYTHON),
+     "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["trian.max_steps=3"],
      "trian.max_steps: unknown key; did you mean train.max_steps? sections: run_dir, model, parallel, data, optim, "
-     "train, checkpoint, ft, straggler, rerun (every key: python -m megatron_resilience --help)", NO_PYTHON),
+     "train, checkpoint, ft, straggler, rerun, logger (every key: python -m megatron_resilience --help)", NO_PYTHON),
     (["optim.learning_rate=0.1"],
      "optim.learning_rate: unknown key; valid keys in optim: optim.optimizer, optim.lr, optim.min_lr, "
      "optim.lr_warmup_steps, optim.lr_decay_steps, optim.lr_decay_style, optim.weight_decay, optim.adam_beta1, "
@@ -120,12 +139,12 @@ TASK_CASES = [
      "train.lr: unknown key; did you mean optim.lr? valid keys in train: train.max_steps, train.micro_batch_size, "
      "train.global_batch_size, train.seed, train.log_interval, train.eval_interval, train.eval_iters, "
      "train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
-     "train.exit_duration_in_mins, train.device", NO_PYTHON),
+     "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["train=5"],
      "train: unknown key (train is a section: name one of its fields); valid keys in train: train.max_steps, "
      "train.micro_batch_size, train.global_batch_size, train.seed, train.log_interval, train.eval_interval, "
      "train.eval_iters, train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
-     "train.exit_duration_in_mins, train.device", NO_PYTHON),
+     "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["train.max_steps"], "'train.max_steps': expected key=value, e.g. train.max_steps=100", NO_PYTHON),
 ]
 

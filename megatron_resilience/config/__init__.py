@@ -3,6 +3,7 @@
 from megatron_resilience.config._validate import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
+from megatron_resilience.config.logger import LoggerConfig
 from megatron_resilience.config.model import ModelConfig
 from megatron_resilience.config.optimizer import OptimizerConfig
 from megatron_resilience.config.parallel import ParallelConfig
@@ -11,7 +12,7 @@ from megatron_resilience.config.resilience import FaultToleranceConfig, RerunCon
 from megatron_resilience.config.training import TrainingConfig
 
 __all__ = [
-    "CATCHABLE_SIGNALS", "CheckpointConfig", "ConfigError", "DataConfig", "FaultToleranceConfig", "ModelConfig",
-    "OptimizerConfig", "ParallelConfig", "PretrainConfig", "RerunConfig", "SECTIONS", "StragglerConfig",
+    "CATCHABLE_SIGNALS", "CheckpointConfig", "ConfigError", "DataConfig", "FaultToleranceConfig", "LoggerConfig",
+    "ModelConfig", "OptimizerConfig", "ParallelConfig", "PretrainConfig", "RerunConfig", "SECTIONS", "StragglerConfig",
     "TrainingConfig",
 ]

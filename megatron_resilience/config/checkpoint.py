@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from megatron_resilience.config._validate import check_int, check_non_negative, check_types, fail
@@ -11,6 +12,8 @@ from megatron_resilience.config._validate import check_int, check_non_negative, 
 class CheckpointConfig:
     save: str | None = None  # directory; None -> never save
     load: str | None = None  # directory to resume from; None -> same as `save`
+    # A `load` folder other than `save` must hold a checkpoint; true: start from step 0 (and say so) when it has none.
+    load_optional: bool = False
     save_interval: int | None = None  # steps; None -> only at the end / on graceful exit
     keep_last_n: int | None = None  # None -> keep every checkpoint
     async_save: bool = False
@@ -32,9 +35,19 @@ class CheckpointConfig:
             fail("checkpoint.save", "must be set when checkpoint.simulated_slow_save is set", None)
         if self.save_interval is not None and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.save_interval is set", None)
+        if self.load_optional and self.load is None:
+            fail("checkpoint.load", "must be set when checkpoint.load_optional is true", None)
         if self.async_save and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.async_save is true", None)
 
     @property
     def load_dir(self) -> str | None:
         return self.load or self.save
+
+    @property
+    def load_required(self) -> bool:
+        """An explicit ``load`` that is not the ``save`` folder (where a first attempt finds nothing) and not
+        marked optional: a resume the user asked for, so a folder without a checkpoint is an error."""
+        if self.load is None or self.load_optional:
+            return False
+        return self.save is None or os.path.abspath(self.load) != os.path.abspath(self.save)

@@ -67,8 +67,10 @@ MEANING = {
     "train.exit_signal_handler_for_dataloader": "install the handler in data loader workers too",
     "train.exit_duration_in_mins": "save and stop after this many minutes; null = no limit",
     "train.device": "auto (cuda when available), cpu or cuda",
+    "train.gpu_memory_gib": "one rank's device memory (GiB) for the submit-time size check; null = no check",
     "checkpoint.save": "checkpoint folder; null = never save",
-    "checkpoint.load": "folder to resume from; null = checkpoint.save",
+    "checkpoint.load": "folder to resume from (must hold a checkpoint unless it is checkpoint.save); null = save",
+    "checkpoint.load_optional": "a checkpoint.load without a checkpoint starts from step 0 instead of failing",
     "checkpoint.save_interval": "steps between checkpoints; null = only at the end",
     "checkpoint.keep_last_n": "keep this many newest checkpoints; null = all",
     "checkpoint.async_save": "write checkpoints in the background",
@@ -105,6 +107,11 @@ MEANING = {
     "rerun.error_injection_rate": "inject an error once in this many checks; 0 = never",
     "rerun.error_injection_type": "correct_result, transient_error or persistent_error",
     "rerun.result_rejected_tracker_filename": "file that counts rejected results across restarts",
+    "logger.tensorboard_dir": "TensorBoard event files (rank 0); relative = under run_dir; null = none",
+    "logger.wandb_project": "Weights & Biases project; null = no W&B run (WANDB_MODE=offline works)",
+    "logger.wandb_entity": "W&B team or user; null = the default",
+    "logger.wandb_exp_name": "W&B run name; null = the run_dir's folder name",
+    "logger.wandb_save_dir": "where W&B writes wandb/*-run-*; relative = under run_dir; null = run_dir",
 }
 
 

@@ -14,6 +14,7 @@ existing ancestor: permission bits do not tell (root may write anywhere but
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any, Iterable
 
@@ -61,6 +62,22 @@ def check_existing_file(key: str, path: Any) -> None:
         raise ConfigError(f"{key}: must be an existing file, got {path!r} (not found)")
 
 
+CHECKPOINT_DIR = re.compile(r"^iter_\d{7}$")
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def check_holds_checkpoint(path: str) -> None:
+    """``checkpoint.load`` names a folder with a checkpoint in it (an ``iter_NNNNNNN`` folder or the tracker file)."""
+    if not os.path.isdir(path):
+        why = "not found"
+    elif os.path.exists(os.path.join(path, TRACKER)) or any(CHECKPOINT_DIR.match(n) for n in os.listdir(path)):
+        return
+    else:
+        why = f"no checkpoint in it: no iter_NNNNNNN folder, no {TRACKER}"
+    raise ConfigError(f"checkpoint.load: must be a folder holding a checkpoint to resume from, got {path!r} ({why}); "
+                      "checkpoint.load_optional=true starts from step 0 when it holds none")
+
+
 def data_prefixes(data_path: list[str]) -> list[str]:
     """The dataset prefixes of a Megatron blend: ``["a"]`` or ``["0.7", "a", "0.3", "b"]`` -> ``["a", "b"]``."""
     def weight(text: str) -> bool:
@@ -92,6 +109,8 @@ def check_paths(config: Any, *, skip: Iterable[str] = ()) -> None:
     load = config.checkpoint.load
     if wanted("checkpoint.load") and load and os.path.lexists(load) and not os.path.isdir(load):
         raise ConfigError(f"checkpoint.load: must be a directory, got {load!r} (a file)")
+    if wanted("checkpoint.load") and config.checkpoint.load_required:
+        check_holds_checkpoint(load)
     for prefix in data_prefixes(config.data.data_path) if wanted("data.data_path") else []:
         missing = [f"{prefix}{ext}" for ext in (".bin", ".idx") if not os.path.isfile(f"{prefix}{ext}")]
         if missing:

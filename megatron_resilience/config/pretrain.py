@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
+from megatron_resilience.config.logger import LoggerConfig
+from megatron_resilience.config.memory import check_memory
 from megatron_resilience.config.model import ModelConfig
 from megatron_resilience.config.optimizer import OptimizerConfig
 from megatron_resilience.config.parallel import ParallelConfig
 from megatron_resilience.config.resilience import FaultToleranceConfig, RerunConfig, StragglerConfig
 from megatron_resilience.config.training import TrainingConfig
 
-SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun")
+SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun", "logger")
 
 
 @dataclass(kw_only=True)
@@ -28,6 +30,7 @@ class PretrainConfig:
     ft: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     rerun: RerunConfig = field(default_factory=RerunConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_dir, str) or not self.run_dir:
@@ -36,6 +39,7 @@ class PretrainConfig:
             "model": ModelConfig, "parallel": ParallelConfig, "data": DataConfig, "optim": OptimizerConfig,
             "train": TrainingConfig, "checkpoint": CheckpointConfig, "ft": FaultToleranceConfig,
             "straggler": StragglerConfig, "rerun": RerunConfig,
+            "logger": LoggerConfig,
         }
         for name, cls in expected.items():
             if not isinstance(getattr(self, name), cls):
@@ -65,4 +69,5 @@ class PretrainConfig:
                  self.model.seq_length)
         dp = self.parallel.data_parallel_size(world_size)
         self.train.resolved_global_batch_size(dp)
+        check_memory(self, world_size)
         return dp

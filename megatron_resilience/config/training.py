@@ -28,6 +28,8 @@ class TrainingConfig:
     exit_signal_handler_for_dataloader: bool = False
     exit_duration_in_mins: float | None = None  # save and exit once this much wall time has passed
     device: str = "auto"  # "auto" -> cuda when available, else cpu
+    # Memory of one rank's device in GiB: the submit-time size check (config/memory.py); None -> no check.
+    gpu_memory_gib: float | None = 80.0
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -38,6 +40,7 @@ class TrainingConfig:
             fail("train.global_batch_size", f"must be a multiple of train.micro_batch_size={self.micro_batch_size}",
                  self.global_batch_size)
         check_int("train.seed", self.seed, minimum=0)
+        check_positive("train.gpu_memory_gib", self.gpu_memory_gib, allow_none=True)
         check_int("train.log_interval", self.log_interval, minimum=1)
         check_int("train.eval_interval", self.eval_interval, minimum=1, allow_none=True)
         check_int("train.eval_iters", self.eval_iters, minimum=0)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_resilience.jobs import attribution, slurm
+from megatron_resilience.jobs import attribution, finished, slurm, taxonomy
 from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
@@ -70,7 +70,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
                                signals=files.last_cycle_signals() + ev.metrics_signals(mine)
                                + ev.batch_signal(batch_signal),
                                no_restart_exit_code=cfg.no_restart_exit_code)
-    cls = classify(evidence)
+    cls = _finished_by_evidence(cfg, job_id, restart, exit_code) or classify(evidence)
     if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)
         info = node_info if node_info is not None else slurm.node_states(nodes)
         attribute(cls, evidence.signals + attribution.node_state_signals(info), nodes, info)
@@ -106,6 +106,27 @@ def attribute(cls: Classification, signals: list, nodes: list[str], info: dict[s
     found = attribution.mentions(signals, nodes, {n: i.get("addr", "") for n, i in info.items()})
     cls.hosts, cls.attribution = attribution.suspects(found, nodes)
     cls.host_evidence = [m.to_dict() for m in found]
+
+
+def _finished_by_evidence(cfg: JobLevelConfig, job_id: str, restart: int, exit_code: int | None) \
+        -> Classification | None:
+    """A run that finished without touching the finished flag (Megatron-LM, Bridge, NeMo without its FT callback):
+    the flag is touched for it (so nemo_run's template, the fallback and the watcher agree) and the attempt is
+    classified finished from its checkpoint or its end-of-training line (``jobs/finished.py``)."""
+    if os.path.exists(cfg.finished_flag) or (ev.read_json(cfg.stop_reason) or {}).get("finished") is True:
+        return None  # the trainer said so itself: the classifier and the decisions read its own record
+    done = finished.detect_for_attempt(checkpoint_dir=cfg.checkpoint_dir, train_iters=cfg.train_iters,
+                                       exit_code=exit_code, job_dir=cfg.job_dir, job_id=str(job_id), restart=restart,
+                                       max_log_bytes=cfg.max_log_bytes)
+    if done is None:
+        return None
+    touched = finished.mark_finished(cfg.finished_flag)
+    kind = taxonomy.BY_NAME["finished"]
+    return Classification(error_type="finished", subsystem=kind.subsystem, severity="info", mode=None,
+                          source=done.source, reason=done.reason + ("" if touched else
+                                                                    f" (could not touch {cfg.finished_flag})"),
+                          evidence=[done.evidence] if done.evidence else [],
+                          fields={"step": str(done.step)} if done.step is not None else {})
 
 
 def _may_exclude(policy: Any, cls: Classification) -> bool:

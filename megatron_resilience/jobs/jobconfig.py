@@ -35,6 +35,7 @@ class JobLevelConfig:
     stop_reason: str | None = None
     metrics: str | None = None
     checkpoint_dir: str | None = None
+    train_iters: int | None = None  # the run's last step, when the plugins could read it (jobs/finished.py)
     ft: bool = False
     no_restart_exit_code: int = taxonomy.NVRX_NO_RESTART_EXIT_CODE
     cycle_info_dir: str | None = None
@@ -59,6 +60,9 @@ class JobLevelConfig:
                 or not 1 <= self.no_restart_exit_code <= 255:
             raise ConfigError(f"job_level.no_restart_exit_code: must be an integer in [1, 255], "
                               f"got {self.no_restart_exit_code!r}")
+        if self.train_iters is not None and (isinstance(self.train_iters, bool) or not isinstance(self.train_iters, int)
+                                             or self.train_iters < 1):
+            raise ConfigError(f"job_level.train_iters: must be a positive integer or null, got {self.train_iters!r}")
 
     @property
     def stop_marker(self) -> str:

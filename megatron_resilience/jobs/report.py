@@ -285,18 +285,3 @@ def format_report(report: RunReport, *, evidence: bool = True) -> str:
     lines.append(f"final: {report.final}")
     return "\n".join(lines)
 
-
-def attempt_logs(report: RunReport, *, tail_lines: int = 40) -> str:
-    """Every attempt's log files (nemo_run's ``exp.logs()`` shows only the first attempt's), tail of each."""
-    out = []
-    for r in report.rows:
-        for path in r.log_files:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    lines = f.read().splitlines()
-            except OSError as err:
-                lines = [f"<unreadable: {err}>"]
-            out.append(f"==> attempt {r.attempt} (job {r.job_id}, restart {r.restart}): {path} "
-                       f"[last {min(tail_lines, len(lines))} of {len(lines)} lines] <==")
-            out += lines[-tail_lines:]
-    return "\n".join(out)

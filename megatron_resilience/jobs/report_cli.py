@@ -1,4 +1,5 @@
-"""The report's command line: the table (or JSON), every attempt's log tails, the PNG timeline.
+"""The report's command line: the table (or JSON), every attempt's own log tails, the PNG timeline, and the
+goodput/badput as TensorBoard scalars of the run.
 
 Apart from :mod:`.report` (which builds and formats) and :mod:`.timeline` (which draws from a built report),
 so that neither imports the other's caller.
@@ -11,28 +12,69 @@ import json
 import os
 import sys
 
-from megatron_resilience.jobs import report
+from megatron_resilience.jobs import report, report_scalars
+from megatron_resilience.jobs.attempt_logs import attempt_logs
+from megatron_resilience.jobs.evidence import read_metrics
+from megatron_resilience.jobs.ledger import LEDGER_FILE
 from megatron_resilience.jobs.timeline import write_timeline
+
+PROG = "python -m megatron_resilience.report"
+RUN_FILES = ("metrics.jsonl", LEDGER_FILE)  # what makes a folder a run: the trainer's or the batch script's record
+
+
+def is_run_dir(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, name)) for name in RUN_FILES)
+
+
+def run_dirs_under(path: str, *, depth: int = 3, limit: int = 20) -> list[str]:
+    """Run folders at most ``depth`` levels below ``path`` (sorted; at most ``limit``)."""
+    found, base = [], os.path.abspath(path).rstrip(os.sep)
+    for here, dirs, _ in os.walk(base):
+        level = here[len(base):].count(os.sep)
+        if here != base and is_run_dir(here):
+            found.append(here)
+            dirs[:] = []  # a run's own sub-folders (checkpoints, tensorboard) are not runs
+        elif level >= depth:
+            dirs[:] = []
+        dirs.sort()
+    return sorted(found)[:limit]
+
+
+def not_a_run(path: str) -> str:
+    runs = run_dirs_under(path)
+    listing = ("; run folders under it: " + ", ".join(runs)) if runs else "; no run folder under it either"
+    return (f"megatron_resilience report: {path!r} is not a run folder (it has no {' or '.join(RUN_FILES)})"
+            f"{listing}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m megatron_resilience.report",
-                                     description=report.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=report.__doc__.split("\n")[0])
     parser.add_argument("run_dir")
     parser.add_argument("--png", default=None, help="timeline PNG path (default RUN_DIR/attempts_timeline.png; "
                                                     "'none' to skip)")
-    parser.add_argument("--logs", action="store_true", help="print the tail of every attempt's log files")
+    parser.add_argument("--logs", action="store_true", help="print the tail of each attempt's own log lines")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-tensorboard", action="store_true",
+                        help="do not write goodput/badput scalars into the run's TensorBoard folder")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.run_dir):
         print(f"megatron_resilience report: no such run directory {args.run_dir!r}", file=sys.stderr)
         return 2
+    if not is_run_dir(args.run_dir):
+        print(not_a_run(args.run_dir), file=sys.stderr)
+        return 2
     run_report = report.build(args.run_dir)
-    print(json.dumps(run_report.to_dict(), indent=1, default=str) if args.json else report.format_report(run_report))
+    as_dict = run_report.to_dict()
+    print(json.dumps(as_dict, indent=1, default=str) if args.json else report.format_report(run_report))
     if args.logs:
-        print(report.attempt_logs(run_report))
+        print(attempt_logs(args.run_dir, run_report.rows))
     if args.png != "none":
         png = write_timeline(run_report, args.png or os.path.join(args.run_dir, "attempts_timeline.png"))
         if not args.json:
             print(f"timeline: {png}")
+    if not args.no_tensorboard:
+        events = report_scalars.write(args.run_dir, as_dict, read_metrics(os.path.join(args.run_dir,
+                                                                                        "metrics.jsonl")))
+        if events and not args.json:
+            print(f"tensorboard: goodput/badput scalars in {events}")
     return 0

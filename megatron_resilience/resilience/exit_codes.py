@@ -1,6 +1,6 @@
 """How a training process ends, and what each ending makes the launchers do.
 
-This docstring is the documented table (the README copies it). "In-job" is
+This docstring is the documented table (docs/faults.md copies it). "In-job" is
 ft_launcher restarting the worker group inside the Slurm job (``max_restarts``);
 "job level" is the teardown of nemo_run's fault-tolerance sbatch script, which
 runs ``scontrol requeue`` unless ``$FAULT_TOL_FINISHED_FLAG_FILE`` exists or the

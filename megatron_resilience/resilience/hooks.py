@@ -174,6 +174,9 @@ class ResilienceHooks(TrainingHooks):
                                  "(training not finished: the job should be requeued and resume)")
         return reason
 
+    def take_records(self) -> list[tuple[str, dict]]:
+        return self.straggler.take_records()
+
     def stop_record(self) -> tuple[str, dict] | None:
         if self._stop_record is None:
             return None

@@ -44,6 +44,7 @@ class StragglerDetection:
         self.report_log = named_logger(cfg.logger_name, rank)
         self.detector = None
         self.profile_cuda = False
+        self._records: list[tuple[str, dict]] = []  # straggler reports for metrics.jsonl (rank 0)
 
     @property
     def active(self) -> bool:
@@ -116,6 +117,7 @@ class StragglerDetection:
             section_indiv_threshold=cfg.gpu_individual_perf_threshold)
         slow = sorted({s for key in ("straggler_gpus_relative", "straggler_gpus_individual")
                        for s in stragglers[key]}, key=lambda s: s.rank)
+        self._records.append(("straggler", report_record(report, step=step, stragglers=[s.rank for s in slow])))
         if cfg.enable_logging:
             for line in format_report(report, step=step, top=cfg.num_gpu_perf_scores_to_print):
                 self.report_log.info(line)
@@ -128,10 +130,24 @@ class StragglerDetection:
             self.report_log.info(f"no stragglers detected at step {step}")
         return bool(slow) and cfg.stop_if_detected
 
+    def take_records(self) -> list[tuple[str, dict]]:
+        records, self._records = self._records, []
+        return records
+
     def shutdown(self) -> None:
         if self.active:
             self.detector.shutdown()
             self.detector = None
+
+
+def report_record(report: Any, *, step: int, stragglers: list[int]) -> dict:
+    """A report as a ``straggler`` record of metrics.jsonl: every rank's scores (NaN left out)."""
+    scores = {"gpu-relative-perf": report.gpu_relative_perf_scores,
+              "gpu-individual-perf": report.gpu_individual_perf_scores}
+    scores.update({f"section-{name}-relative-perf": v for name, v in report.section_relative_perf_scores.items()})
+    return {"step": step, "stragglers": stragglers,
+            "scores": {name: {str(rank): float(score) for rank, score in by_rank.items() if not math.isnan(score)}
+                       for name, by_rank in scores.items() if by_rank}}
 
 
 def format_report(report: Any, *, step: int, top: int) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from megatron_resilience import upstream
-from megatron_resilience.config import CheckpointConfig
+from megatron_resilience.config import CheckpointConfig, ConfigError
 from megatron_resilience.runtime import checkpoint_layout as layout
 from megatron_resilience.runtime import checkpoint_state
 from megatron_resilience.runtime.checkpoint_layout import atomic_write_text  # noqa: F401  (public re-export)
@@ -150,9 +150,13 @@ class CheckpointManager:
         candidates = layout.complete_checkpoints(root) if _rank() == 0 else None
         candidates = _broadcast_object(candidates)
         if not candidates:
-            if _rank() == 0:  # an explicit checkpoint.load with nothing in it is likely a mistake: say so louder
+            if self.config.load_required:  # the resume asked for is not there: never train from scratch silently
+                raise ConfigError(f"checkpoint.load: no complete checkpoint under {root!r} to resume from; "
+                                  "checkpoint.load_optional=true starts from step 0 when it holds none")
+            if _rank() == 0:
                 log.log(logging.WARNING if self.config.load else logging.INFO,
-                        "checkpoint: no complete checkpoint under %s; starting from step 0", root)
+                        "checkpoint: no complete checkpoint under %s; starting from step 0%s", root,
+                        " (checkpoint.load_optional=true)" if self.config.load_optional else "")
             return False
         for step in candidates:
             path = os.path.join(root, layout.iter_dir_name(step))

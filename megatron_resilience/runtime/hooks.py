@@ -59,6 +59,11 @@ class TrainingHooks:
         """
         return None
 
+    def take_records(self) -> list[tuple[str, dict]]:
+        """After each step: metrics.jsonl records (kind, fields) the hooks produced since last time, e.g. a
+        straggler report on rank 0."""
+        return []
+
     def stop_record(self) -> tuple[str, dict] | None:
         """After a stop was agreed: a metrics.jsonl record about it (kind, fields), e.g. the signal; or None."""
         return None

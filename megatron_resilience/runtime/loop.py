@@ -328,6 +328,8 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
                 last_saved = step
         # After the periodic save: a signal that arrived during it stops the run right away ("already saved").
         stop = stop or hooks.after_step(state)
+        for kind, fields in hooks.take_records():
+            ctx.metrics.event(kind, **fields)
         if stop is None and duration_exceeded(ctx):
             stop = DURATION
         if stop:

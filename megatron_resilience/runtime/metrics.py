@@ -6,9 +6,10 @@ Every JSON line has a ``kind``:
 - ``"eval"``: ``step, eval_loss, time``;
 - ``"start"``: ``step`` (the step training resumes from), ``consumed_samples``, ``resumed``,
   ``resumed_from`` (checkpoint step or null), ``attempt`` (``slurm_restart``, ``in_job_restart``,
-  ``job_id``), ``last_logged_step`` (the highest step logged before this start, or null), ``versions``
-  (torch, megatron-core, nvidia-resiliency-ext, nemo-run), ``world_size``, ``tp``, ``pp``, ``dp``: one
-  per (re)start;
+  ``job_id``), ``last_logged_step`` (the highest step logged before this start, or null), ``restart``,
+  ``totals`` and, for a requeue the job-level classifier explained, ``cause`` (``runtime/run_history.py``),
+  ``versions`` (torch, megatron-core, nvidia-resiliency-ext, nemo-run), ``world_size``, ``tp``, ``pp``,
+  ``dp``, ``dashboards`` (where TensorBoard / W&B files go): one per (re)start;
 - ``"checkpoint"``: one per save, written when it became durable (committed): ``step``, ``reason``
   ("interval", "finished", a stop reason, ...), ``async``, ``start_time`` (requested), ``blocking_s``
   (training held up), ``durable_time``, ``lag_s`` (request to durable), ``bytes``, ``first_in_process``,
@@ -16,12 +17,17 @@ Every JSON line has a ``kind``:
 - ``"signal"``: the exit signal stopped the run: ``signal``, ``received_time`` and ``received_during``
   (rank 0's), ``first_received_time`` (any rank), ``count``, ``step``, ``before_training``;
 - ``"end"``: ``step``, ``reason`` (as passed to ``hooks.on_exit``), ``exit_code``;
+- ``"straggler"``: a straggler report: ``step``, ``scores`` ({score name: {rank: score}}), ``stragglers``
+  (ranks below the thresholds);
 - other kinds written through :meth:`MetricsLogger.event`.
 
 Floats are written with ``repr`` precision (``json`` round-trips them exactly), so
 bitwise resume tests can compare losses. The file is appended to: a resumed or
 restarted run continues it, and a step re-run after a restart appears again
 (:func:`read_metrics` keeps the last record per step).
+
+The same writer feeds the run's TensorBoard event files and W&B run (``sinks``, see
+``megatron_resilience/dashboards/``): every record goes to them right after its line is written.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import json
 import logging
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+from megatron_resilience.runtime.run_history import _since_last_start, highest_logged_step, history_fields
 
 log = logging.getLogger("megatron_resilience.metrics")
 
@@ -63,30 +71,9 @@ def describe_resume(step: int, resumed: bool, last_logged_step: int | None) -> s
             f"({lost} step{'s' if lost != 1 else ''}, recomputed now)")
 
 
-def last_logged_step(run_dir: str, chunk: int = 1 << 16) -> int | None:
-    """The step of the last ``train`` record in ``<run_dir>/metrics.jsonl`` (read from the end), or None."""
-    path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        end = f.tell()
-        tail = b""
-        while end > 0:
-            start = max(0, end - chunk)
-            f.seek(start)
-            tail = f.read(end - start) + tail
-            end = start
-            lines = tail.split(b"\n")
-            for line in reversed(lines[1:] if start > 0 else lines):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if record.get("kind") == "train" and "step" in record:
-                    return int(record["step"])
-            tail = lines[0] if start > 0 else b""
-    return None
+def last_logged_step(run_dir: str) -> int | None:
+    """The highest step logged in ``<run_dir>/metrics.jsonl`` (read from the end, back to the last start), or None."""
+    return highest_logged_step(*_since_last_start(os.path.join(run_dir, METRICS_FILE)))
 
 
 def format_duration(seconds: float) -> str:
@@ -102,8 +89,10 @@ def format_duration(seconds: float) -> str:
 class MetricsLogger:
     """Writes only on the process that owns the log (``enabled``, i.e. global rank 0)."""
 
-    def __init__(self, run_dir: str, *, enabled: bool, max_steps: int) -> None:
+    def __init__(self, run_dir: str, *, enabled: bool, max_steps: int, sinks: Sequence[Any] = ()) -> None:
         self.enabled = enabled
+        self.run_dir = run_dir
+        self.sinks = list(sinks) if enabled else []  # dashboards: write(record), close()
         self.max_steps = max_steps
         self.path = os.path.join(run_dir, METRICS_FILE)
         self._file = None
@@ -114,12 +103,21 @@ class MetricsLogger:
             self._file = open(self.path, "a", encoding="utf-8")
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+        if self._file is None:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for sink in self.sinks:
+            sink.write(record)
 
     def event(self, kind: str, **fields: Any) -> None:
-        """A non-step record (``start``, ``checkpoint``, ...); JSON-able values only."""
+        """A non-step record (``start``, ``checkpoint``, ...); JSON-able values only.
+
+        A ``start`` record gets the run's history so far (``runtime/run_history.py``) from the file's tail."""
+        if kind == "start" and self._file is not None:
+            fields = {**fields, **history_fields(self.path, step=int(fields.get("step") or 0),
+                                                 attempt=fields.get("attempt") or attempt_info(),
+                                                 ledger_dir=self.run_dir)}
         self._write({"kind": kind, **fields, "time": time.time()})
 
     def train(self, *, step: int, loss: float, lr: float, grad_norm: float | None, step_time_s: float,
@@ -153,6 +151,9 @@ class MetricsLogger:
         self._write({"kind": "eval", "step": step, "eval_loss": eval_loss, "time": time.time()})
 
     def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -1,7 +1,7 @@
 """Harmless upstream warnings, silenced by their exact text, so a healthy run's log shows what matters.
 
 Every entry is a warning that upstream prints on every rank of every (re)start and that asks
-nothing of the user (the README lists them). Matching is on the start of the message and
+nothing of the user (docs/trainer.md lists them). Matching is on the start of the message and
 its category, never on a whole module, so a new warning from the same place still shows.
 
 ``PYTHONWARNINGS`` carries the first one to processes that import torch before our code

@@ -4,14 +4,17 @@ The ``nemo megatron_resilience pretrain`` command (``recipes/cli.py``) extends n
 through parts that are not its documented API (checked against nemo-run 0.11): the
 ``RunContext`` class an entrypoint runs in (``cli_execute``, ``parse_args``, ``parse_fn``,
 ``parse_executor``, ``_should_continue`` and its option attributes), the ``Entrypoint`` class
-whose ``help`` the command's ``--help`` calls, the logger its argument parser reports
-errors on, and ``create_cli``. They are reached only through this module.
+whose ``help`` the command's ``--help`` calls (and whose ``_execute_simple`` the report/watch
+commands replace), the logger its argument parser reports errors on, ``create_cli``,
+``Experiment._add_single_job`` (where every job is checked, plugins or not) and the serializer
+a reloaded experiment keeps its tasks in. They are reached only through this module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import sys
 from types import ModuleType
@@ -55,6 +58,45 @@ def quiet_cli_parser() -> Iterator[None]:
         yield
     finally:
         logger.disabled = disabled
+
+
+def before_experiment_add(check: Any) -> None:
+    """Call ``check(task, executor, plugins)`` before nemo_run adds a job to an experiment (``run.run`` and
+    ``Experiment.add``); it may raise, and returns the plugins to use (a normalized list).
+
+    Wraps ``Experiment._add_single_job(self, task, executor, name="", plugins=None, ...)`` (nemo-run 0.11), the
+    step that validates, clones and runs the plugins of every single-task job."""
+    import_nemo_run()
+    from nemo_run.run.experiment import Experiment
+
+    original = Experiment._add_single_job
+    if getattr(original, "_megatron_resilience_check", False):
+        return
+    signature = inspect.signature(original)
+
+    def _add_single_job(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.arguments["plugins"] = check(bound.arguments["task"], bound.arguments["executor"],
+                                           bound.arguments.get("plugins"))
+        return original(*bound.args, **bound.kwargs)
+
+    _add_single_job._megatron_resilience_check = True  # type: ignore[attr-defined]
+    Experiment._add_single_job = _add_single_job
+
+
+def experiment_tasks(experiment_id: str) -> list[Any]:
+    """The tasks of a saved NeMo-Run experiment (``Experiment.from_id``), as ``run.Partial``/``run.Script``.
+
+    A reloaded job keeps its task as the serializer's text (nemo-run 0.11: a zlib'd JSON string), which
+    nemo_run deserializes only when it launches the job again; it is turned back into the config here."""
+    run = import_nemo_run()
+    from nemo_run.core.serialization.zlib_json import ZlibJSONSerializer
+
+    tasks = []
+    for job in run.Experiment.from_id(experiment_id).jobs:
+        task = getattr(job, "task", None)
+        tasks.append(ZlibJSONSerializer().deserialize(task) if isinstance(task, str) else task)
+    return tasks
 
 
 def run_cli(argv: list[str], *, standalone_mode: bool = True) -> Any:

@@ -63,7 +63,7 @@ fi
 mkdir -p /cluster/experiments/gpt/gpt_preview/gpt
 cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RESILIENCE_JOB_LEVEL'
 {
- "checkpoint_dir": null,
+ "checkpoint_dir": "/lustre/runs/llama/ckpt",
  "cycle_info_dir": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_info",
  "cycle_log_prefix": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_logs/cycle",
  "finished_flag": "/cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag",
@@ -83,7 +83,8 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  "policy": null,
  "run_dir": null,
  "sbatch_script": "/cluster/experiments/gpt/gpt_preview/gpt_sbatch.sh",
- "stop_reason": null
+ "stop_reason": null,
+ "train_iters": 1000
 }
 MEGATRON_RESILIENCE_JOB_LEVEL
 megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)
@@ -166,7 +167,7 @@ echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} X" >> "$JOB_RESULTS_FILE"
 
 # Command 1
 
-srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-id <random> --nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 /opt/Megatron-Bridge/examples/recipes/llama/pretrain_llama3_8b.py train.train_iters=1000 checkpoint.save=/lustre/runs/llama/ckpt checkpoint.save_interval=100 ft.enable_ft_package=true ft.calc_ft_timeouts=true train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False
+srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-id <random> --nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 /opt/Megatron-Bridge/examples/recipes/llama/pretrain_llama3_8b.py train.train_iters=1000 checkpoint.save=/lustre/runs/llama/ckpt checkpoint.save_interval=100 ++ft._target_=megatron.bridge.training.config.FaultToleranceConfig ++ft.enable_ft_package=true ++ft.calc_ft_timeouts=true train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False
 
 exitcode=$?
 

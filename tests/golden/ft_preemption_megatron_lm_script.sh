@@ -63,7 +63,7 @@ fi
 mkdir -p /cluster/experiments/gpt/gpt_preview/gpt
 cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RESILIENCE_JOB_LEVEL'
 {
- "checkpoint_dir": null,
+ "checkpoint_dir": "/lustre/runs/gpt/ckpt",
  "cycle_info_dir": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_info",
  "cycle_log_prefix": "/cluster/experiments/gpt/gpt_preview/gpt/ft_cycle_logs/cycle",
  "finished_flag": "/cluster/experiments/gpt/gpt_preview/gpt/gpt_finished_flag",
@@ -83,7 +83,8 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  "policy": null,
  "run_dir": null,
  "sbatch_script": "/cluster/experiments/gpt/gpt_preview/gpt_sbatch.sh",
- "stop_reason": null
+ "stop_reason": null,
+ "train_iters": 1000
 }
 MEGATRON_RESILIENCE_JOB_LEVEL
 megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)

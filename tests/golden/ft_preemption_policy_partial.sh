@@ -148,7 +148,8 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  },
  "run_dir": "/lustre/runs/gpt",
  "sbatch_script": "/cluster/experiments/gpt/gpt_preview/gpt_sbatch.sh",
- "stop_reason": "/lustre/runs/gpt/stop_reason.json"
+ "stop_reason": "/lustre/runs/gpt/stop_reason.json",
+ "train_iters": null
 }
 MEGATRON_RESILIENCE_JOB_LEVEL
 megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)

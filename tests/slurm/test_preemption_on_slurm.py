@@ -201,7 +201,7 @@ def _assert_ranks_logged_the_signal(text: str, times: int = 1) -> None:
 def _assert_every_rank_left_setup(text: str) -> None:
     """A signal during setup: each rank with its handler logged it and exited 0 at once. A rank still in nemo_run's
     runner imports (they load torch before our first line runs: more than the aim's 2 s beyond rank 0 on a loaded
-    node; README, "Not covered by the trainer") died of it. Rank 0 announced its handler before the aim."""
+    node; docs/faults.md, "Preemption and time limits") died of it. Rank 0 announced its handler before the aim."""
     exited = re.findall(r"\[rank (\d)\] megatron_resilience\.resilience\.preemption: received SIGTERM at "
                         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \(phase: setup; pid \d+\): "
                         r"nothing trained yet, exiting 0", text)

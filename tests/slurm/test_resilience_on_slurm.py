@@ -347,7 +347,7 @@ def test_3b_retries_count_is_num_job_retries_on_failure_and_the_job_ends_failed(
 def test_4_rerun_exit_17_is_not_requeued_and_16_is(jobs):
     js = jobs["jobs"]
     r17, r16 = js["rerun_17"], js["rerun_16"]
-    # Not requeued, and FAILED (the README's promise): a result that failed validation is for a person to look at.
+    # Not requeued, and FAILED (docs/faults.md's promise): a result that failed validation is for a person to look at.
     assert [a["State"] for a in r17.attempts()] == ["FAILED"], r17.describe()
     assert jobs["finals"]["rerun_17"]["ExitCode"] != "0:0", r17.describe()
     assert jobs["finals"]["rerun_17"]["Restarts"] == "0", r17.describe()

@@ -84,3 +84,58 @@ def test_the_sbatch_script_asks_slurm_for_the_signal(script_job):
     text = open(os.path.join(exp_dir, script)).read()
     assert "#SBATCH --signal=SIGTERM@60" in text
     assert "--exit-signal-handler" in text and "--enable-ft-package" in text and "ft_launcher" in text
+
+
+# --- Issue 22: a Megatron-LM-style script never touches the finished flag ---------------------------------------
+# The same script with --like-megatron-lm: it never touches $FAULT_TOL_FINISHED_FLAG_FILE and ends with
+# Megatron-LM's "[after training is done]" line, as pretrain_gpt.py does; its trainer is recognised from its
+# flags (no converter given). Before issue 22 nemo_run's FT sbatch logic requeued such a finished run forever.
+MLM_ITERS = 20
+
+
+@pytest.fixture(scope="module")
+def megatron_lm_style_jobs(slurm_cluster, nemorun_home, slurm_tmp):
+    jobs = {}
+    for name, extra in (("mlm_finishes", []), ("mlm_crashes_once", ["--fail-in-attempt", "0"])):
+        root = os.path.join(slurm_tmp, name)
+        os.makedirs(root, exist_ok=True)
+        task = run.Script(path=EXAMPLE, entrypoint="python",
+                          args=["--train-iters", str(MLM_ITERS), "--step-time", "0.05", "--save-interval", "5",
+                                "--save", os.path.join(root, "ckpt"), "--report", os.path.join(root, "report.jsonl"),
+                                "--like-megatron-lm", *extra])
+        plugins = [FaultTolerancePlugin(num_in_job_restarts=0, num_job_retries_on_failure=2), PreemptionPlugin()]
+        jobs[name] = (submit(name, task, slurm_cluster.executor(time="00:20:00", ntasks_per_node=2), plugins,
+                             run_dir=root), root)
+    out = {}
+    for name, (job, root) in jobs.items():
+        final = wait_for_job(job.slurm_id, timeout=1200)
+        with open(os.path.join(root, "report.jsonl")) as f:
+            reports = [json.loads(line) for line in f]
+        ledger = os.path.join(job.job_dir, "job_ledger.jsonl")  # no run_dir of ours: the ledger is in the job dir
+        with open(ledger) as f:
+            records = [r for r in map(json.loads, f) if r.get("kind") == "attempt"]
+        out[name] = {"job": job, "final": final, "reports": reports, "records": records}
+    return out
+
+
+def test_a_finished_megatron_lm_style_run_is_completed_once(megatron_lm_style_jobs):
+    got = megatron_lm_style_jobs["mlm_finishes"]
+    job, final, reports, records = got["job"], got["final"], got["reports"], got["records"]
+    assert (final["JobState"], final["ExitCode"], final["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
+    assert [a["State"] for a in job.attempts()] == ["COMPLETED"], job.describe()
+    assert [(r["stopped"], r["finished_step"]) for r in reports] == [("finished", MLM_ITERS)]
+    assert reports[0]["argv"][-3:] == ["--enable-ft-package", "--calc-ft-timeouts", "--exit-signal-handler"]
+    assert [(r["classification"]["error_type"], r["classification"]["source"], r["decision"]["action"])
+            for r in records] == [("finished", "checkpoint", "stop")], job.describe()
+    assert "[after training is done]" in job.attempt_log(0)
+
+
+def test_a_crashed_megatron_lm_style_run_is_requeued_then_completed(megatron_lm_style_jobs):
+    got = megatron_lm_style_jobs["mlm_crashes_once"]
+    job, final, reports, records = got["job"], got["final"], got["reports"], got["records"]
+    assert (final["JobState"], final["ExitCode"], final["Restarts"]) == ("COMPLETED", "0:0", "1"), job.describe()
+    assert [a["State"] for a in job.attempts()] == ["REQUEUED", "COMPLETED"], job.describe()
+    assert "failing Slurm attempt 0 on purpose" in job.attempt_log(0)
+    assert [(r["slurm_restart"], r["stopped"], r["finished_step"]) for r in reports] == [(1, "finished", MLM_ITERS)]
+    assert [(r["classification"]["source"], r["decision"]["action"]) for r in records] == [
+        ("exit_code", "requeue"), ("checkpoint", "stop")], job.describe()

@@ -1,0 +1,87 @@
+"""One Weights & Biases run per training run, across in-job restarts and requeues.
+
+Its id is made once and kept in ``wandb_run_id`` next to the checkpoints (``checkpoint.save``, else
+``run_dir``); every (re)start calls ``wandb.init(id=..., resume="allow")``, so an online run continues the
+same run. Offline (``WANDB_MODE=offline``, the usual case on clusters without internet) each (re)start
+writes its own ``<wandb_save_dir>/wandb/offline-run-<time>-<id>`` folder with that id, and
+``wandb sync --id <id> <folders>`` uploads them into the one run, in order of start time. Steps only grow
+across the folders (``series.py`` leaves recomputed steps out), which W&B requires: it drops a step below
+its current one. A point whose step is below the run's current step (an async save that became durable a
+few steps later) is logged at the current step.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, Iterable
+
+from megatron_resilience.dashboards.series import Point
+
+ID_FILE = "wandb_run_id"
+INSTALL_HINT = "pip install 'megatron-resilience[wandb]' (or pip install wandb)"
+
+
+def import_wandb():
+    try:
+        import wandb
+    except ImportError as err:
+        raise ImportError(f"logger.wandb_project needs the wandb package: {INSTALL_HINT} ({err})") from None
+    return wandb
+
+
+def stable_run_id(folder: str) -> str:
+    """The run's W&B id: read from ``folder/wandb_run_id``, or made and written there (atomically) once."""
+    path = os.path.join(folder, ID_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = f.read().strip()
+        if found:
+            return found
+    except FileNotFoundError:
+        pass
+    os.makedirs(folder, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
+
+
+def _settings(wandb: Any) -> Any:
+    """console="off": W&B would otherwise wrap rank 0's stdout/stderr, which the job-level tools read. The
+    ``.wandb`` file is flushed every second (W&B's default is 15 s), so a rank killed mid-run loses at most that
+    much of it, as ``metrics.jsonl`` and the event files lose nothing written; releases without that setting
+    keep their own interval."""
+    try:
+        return wandb.Settings(console="off", silent=True, x_transaction_log_flush_interval=1.0)
+    except Exception:  # noqa: BLE001 - an older wandb without the field
+        return wandb.Settings(console="off", silent=True)
+
+
+class WandbRun:
+    def __init__(self, *, project: str, entity: str | None, name: str, save_dir: str, id_folder: str,
+                 config: dict[str, Any]) -> None:
+        wandb = import_wandb()
+        os.makedirs(save_dir, exist_ok=True)
+        self.run_id = stable_run_id(id_folder)
+        self.run = wandb.init(project=project, entity=entity, name=name, id=self.run_id, resume="allow",
+                              dir=save_dir, config=config, settings=_settings(wandb))
+        self.current = -1
+
+    def write(self, points: Iterable[Point]) -> None:
+        row: dict[str, Any] = {}
+        step = self.current
+        for point in points:
+            if point.step > step and row:  # a new row: flush the one being built
+                self.run.log(row, step=step)
+                row = {}
+            step = max(step, point.step)
+            row[point.tag] = point.value
+        if row:
+            self.run.log(row, step=step)
+        self.current = step
+
+    def close(self) -> None:
+        self.run.finish()
