@@ -354,9 +354,9 @@ def test_the_batch_shell_survives_the_schedulers_signal_and_requeues_without_a_r
     job = render(tmp_path, ft=ft, policy="megatron_transient")
     got, outputs = run_attempts(job, plan)
     assert got == [(0 if plan.startswith("fullterm ") else 143, REQUEUED), (0, [])], outputs
-    assert "megatron_resilience: the batch shell received SIGTERM (preemption, scancel --full); the job step has " \
-           "ended: deciding" in outputs[0]
     first, second = ledger(job, "attempt")
+    assert "megatron_resilience: the batch shell received SIGTERM (preemption, scancel --full); the job step has " \
+           "ended: deciding" in outputs[0], (outputs[0], first)
     assert (first["batch_signal"], first["classification"]["error_type"], first["decision"]["action"],
             first["decision"]["spent"]) == ("SIGTERM", "preempted", "requeue", None), first
     assert first["decision"]["budget_left"] == {"crash": 3, "stall": 2, "timeout": 1}

@@ -4,9 +4,9 @@
     python -m megatron_resilience.watch --config JOB_DIR/NAME_job_level.json --job-id ID
 
 The config is the one the batch script wrote (its path is in the ledger's ``attempt_start``
-records). Started while the job is still pending (no attempt has started, so no config exists yet),
-the watcher waits for the first attempt, saying what the job waits for (``--job-id``: Slurm's pending
-reason), and gives up only when that job ended without ever starting.
+records). Started with ``--job-id`` while that job is still pending (no attempt has started, so no
+config exists yet), the watcher waits for the first attempt, saying what the job waits for (Slurm's
+pending reason), and gives up only when the job ended without ever starting.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ def find_config(run_dir: str) -> str | None:
     return paths[-1] if paths else None
 
 
-def wait_for_first_attempt(run_dir: str, job_id: str | None, *, interval: float,
-                           once: bool) -> tuple[str | None, int]:
+def wait_for_first_attempt(run_dir: str, job_id: str, *, interval: float, once: bool) -> tuple[str | None, int]:
     """Wait until the run's first attempt wrote its config (the job was pending); (config, 0) or (None, exit code)."""
     said = None
     while True:
@@ -41,15 +40,14 @@ def wait_for_first_attempt(run_dir: str, job_id: str | None, *, interval: float,
         if config:
             log(f"the run's first attempt started: watching with {config}")
             return config, 0
-        state = slurm.job_state(job_id) if job_id else {}
-        if job_id and state.get("state") in slurm.TERMINAL:
+        state = slurm.job_state(job_id)
+        if state.get("state") in slurm.TERMINAL:
             if find_config(run_dir):  # it started (and ended) since the look above
                 continue
             log(f"job {job_id} ended ({state['state']}) before its first attempt started: nothing to watch")
             return None, 1
         what = (f"job {job_id} is {state.get('state') or 'not known to Slurm yet'}"
-                + (f" ({state['reason']})" if state.get("reason") not in (None, "", "None") else "") if job_id
-                else "no attempt of this run has started yet")
+                + (f" ({state['reason']})" if state.get("reason") not in (None, "", "None") else ""))
         if what != said:
             log(f"waiting for the run's first attempt: {what} (polling every {interval:g} s)")
             said = what
@@ -73,14 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         parser.error("--interval: must be a number of seconds > 0")
     config = args.config or (find_config(args.run_dir) if args.run_dir else None)
-    if not config and args.run_dir:
+    if not config and args.run_dir and args.job_id:
         config, code = wait_for_first_attempt(args.run_dir, args.job_id, interval=args.interval, once=args.once)
         if config is None:
             return code
     if not config or not os.path.exists(config):
         print(f"megatron_resilience watch: no job-level config found (ledger in {args.run_dir!r} has no attempt yet); "
-              "pass RUN_DIR (the watcher waits for the first attempt) or --config JOB_DIR/<name>_job_level.json",
-              file=sys.stderr)
+              "pass --job-id ID to wait for the pending job's first attempt, or --config "
+              "JOB_DIR/<name>_job_level.json", file=sys.stderr)
         return 2
     cfg = JobLevelConfig.read(config)
     if args.policy or args.monitors:
