@@ -32,10 +32,12 @@ SIGNAL = {"reason": "signal", "step": 31, "exit_code": 0, "finished": False}
 
 
 def case(step=None, batch=None, *, exit_code, nodes=("node-01",), stop_reason=None, state=None, flag=False,
-         expect, decisions, node_info=None):
-    """node_info: ``scontrol show node`` of the attempt's nodes as the trap would read it (state, reason, addr)."""
+         expect, decisions, node_info=None, batch_signal=None):
+    """node_info: ``scontrol show node`` of the attempt's nodes as the trap would read it (state, reason, addr);
+    batch_signal: the signal the batch shell received (``scancel --signal=TERM --full``, preemption)."""
     return dict(step=step, batch=batch, exit_code=exit_code, nodes=list(nodes), stop_reason=stop_reason,
-                state=state, flag=flag, expect=expect, decisions=decisions, node_info=node_info or {})
+                state=state, flag=flag, expect=expect, decisions=decisions, node_info=node_info or {},
+                batch_signal=batch_signal)
 
 
 DOWN = {"state": "DOWN+NOT_RESPONDING", "reason": "Not responding", "addr": ""}
@@ -111,6 +113,10 @@ CASES = {
     "step_cancel_line_of_another_trainer_stopped_on_a_signal": case(  # no stop_reason, exit 0, no finished flag
         "healthy_ours_ft.log", "step_cancelled_batch.log", exit_code=0, state="RUNNING",
         expect={"error_type": "finished", "source": "exit_code"},
+        decisions=("free", "free", "free", "free", "free")),
+    "signal_to_the_whole_job_is_no_cancel": case(  # captured: slurmstepd prints the job's line for --full too
+        "healthy_ours_ft.log", "signal_full_batch.log", exit_code=137, state="RUNNING", batch_signal="TERM",
+        expect={"error_type": "preempted", "source": "log", "signal": "SIGTERM"},
         decisions=("free", "free", "free", "free", "free")),
     "user_cancel_from_log_only": case(  # the line names the batch host: not a suspect of anything
         "healthy_ours_ft.log", "user_cancel_batch.log", exit_code=143,
@@ -244,7 +250,8 @@ def test_classification_and_every_presets_decision(tmp_path, name):
     for i, policy in enumerate(PRESETS + (None,)):
         cfg, ledger = lay_out(tmp_path / str(i), c, policy)
         ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=c["exit_code"], slurm_state=c["state"],
-                             by="batch", retries=3, cluster_info=cluster, node_info=c["node_info"])
+                             by="batch", retries=3, cluster_info=cluster, node_info=c["node_info"],
+                             batch_signal=c["batch_signal"])
         cls = ending.classification
         for key, value in c["expect"].items():
             actual = getattr(cls, key) if key != "fields" else {k: cls.fields.get(k) for k in value}

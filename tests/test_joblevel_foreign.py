@@ -48,7 +48,7 @@ def corpus_decisions(tmp_path, settings: dict) -> dict[str, tuple[str, str]]:
     for name, c in CASES.items():
         cfg, ledger = lay_out(tmp_path / name, c, None, settings)
         ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=c["exit_code"], slurm_state=c["state"],
-                             by="batch", retries=3, node_info=c["node_info"],
+                             by="batch", retries=3, node_info=c["node_info"], batch_signal=c["batch_signal"],
                              cluster_info=Cluster(nodes=c["nodes"] + ["spare-1", "spare-2"], partition="batch"))
         out[name] = (ending.classification.error_type, encode(ending.decision, ending.classification))
     return out

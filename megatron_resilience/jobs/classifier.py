@@ -131,7 +131,11 @@ def classify(evidence: AttemptEvidence) -> Classification:
     # Only the job's own line (``*** JOB 43 ON host CANCELLED AT ...``) says a person cancelled the job: a line for
     # a job step alone (``STEP 43.1``) is also what slurmstepd prints when srun ends a step whose launcher exited
     # after forwarding a signal (torchrun, ft_launcher on one of several nodes), i.e. every preemption.
+    # slurmstepd also prints the job's line when a signal reaches the batch step (``scancel --signal=TERM --full``,
+    # measured on Slurm 22.05): with the batch shell signalled and Slurm's record still RUNNING, it is no cancel.
     cancel = [s for s in _of(sigs, "user_cancel") if "." not in str(s.fields.get("job", ""))]
+    if any(s.monitor == "batch_shell_signal" for s in sigs) and evidence.slurm_state == "RUNNING":
+        cancel = []
     if evidence.slurm_state == "CANCELLED" or (cancel and evidence.slurm_state in (None, "RUNNING", "COMPLETING")):
         return _make("user_cancel", "slurm", "the job was cancelled with scancel (Slurm state "
                      f"{evidence.slurm_state or 'from the log'}): a person's decision, never retried",
