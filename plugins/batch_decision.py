@@ -15,7 +15,10 @@ own code runs):
 * the batch shell survives the scheduler's signal: real preemption (``PreemptMode`` with ``GraceTime``) and
   ``scancel --signal=TERM --full`` signal every process of the job, the batch shell included, which would die
   at once and decide nothing while the trainer saves. A trap on TERM/INT/USR1/USR2 makes bash wait for the job
-  step (bash runs a trap only after the foreground command returns), note the signal and go on to decide;
+  step (bash runs a trap only after the foreground command returns), note the signal and go on to decide.
+  ``srun`` becomes a shell function that starts the real one in a session of its own: the signal reaches the
+  batch script's process group, and an ``srun`` that receives SIGTERM kills its step at once ("srun: forcing
+  job termination", measured on Slurm 22.05) — before the trainer, which the step's own signal reached, saved;
 * the EXIT trap runs ``python -m megatron_resilience.jobs.batch_exit`` (no torch): classify the
   attempt, decide (the ``RestartPolicyPlugin`` policy, else nemo_run's rule with preemptions never
   counted as failures and ft_launcher's "do not restart" exit code honoured), record, requeue
@@ -136,6 +139,9 @@ def render(cfg: JobLevelConfig, *, flag_step: str) -> str:
         ' has ended: deciding"',
         "}",
         *(f"trap 'megatron_resilience_signalled {sig}' {sig}" for sig in BATCH_SIGNALS),
+        "srun() {  # its own session: a signal to this script's process group must not make srun kill the step",
+        "    if command -v setsid >/dev/null; then setsid -w srun \"$@\"; else command srun \"$@\"; fi",
+        "}",
         "megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}",
         f"export TORCHX_MAX_RETRIES={RETRIES_WITHOUT_LIMIT}  # nemo_run's own failure limit never decides; see above",
         "scontrol() {",

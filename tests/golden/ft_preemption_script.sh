@@ -100,6 +100,9 @@ trap 'megatron_resilience_signalled TERM' TERM
 trap 'megatron_resilience_signalled INT' INT
 trap 'megatron_resilience_signalled USR1' USR1
 trap 'megatron_resilience_signalled USR2' USR2
+srun() {  # its own session: a signal to this script's process group must not make srun kill the step
+    if command -v setsid >/dev/null; then setsid -w srun "$@"; else command srun "$@"; fi
+}
 megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}
 export TORCHX_MAX_RETRIES=1000000  # nemo_run's own failure limit never decides; see above
 scontrol() {

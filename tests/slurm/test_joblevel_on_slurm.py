@@ -365,8 +365,10 @@ def test_node_down_is_recovered_by_the_watcher(multinode_cluster, nemorun_home, 
         roles = {(m["node"], m["role"]) for m in cls["host_evidence"]}
         assert (node, "failed") in roles and (batch_host, "failed") not in roles, cls["host_evidence"]
         assert cls["hosts"] == [node], cls
-        assert any(m["role"] == "failed" and m["line"].startswith(f"scontrol show node {node}: State=DOWN")
-                   and "Reason=mr-test-joblevel" in m["line"] for m in cls["host_evidence"]), cls["host_evidence"]
+        # (drained, so still out of service when the watcher looks: DOWN+DRAIN, or IDLE+DRAIN once its slurmd is back)
+        assert any(m["role"] == "failed" and re.match(rf"scontrol show node {node}: State=\S*DRAIN\S* "
+                                                      r"Reason=mr-test-joblevel", m["line"])
+                   for m in cls["host_evidence"]), cls["host_evidence"]
         # slurmstepd's real line, captured from this job: it names the batch host, as a batch host
         assert any(m["role"] == "batch_host" and m["node"] == batch_host and "DUE TO NODE FAILURE" in m["line"]
                    for m in cls["host_evidence"]), cls["host_evidence"]
