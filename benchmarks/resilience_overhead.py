@@ -47,9 +47,10 @@ def worker(run_dir: str, blocks: int, block_steps: int, device: str, shape: str,
     import torch
     from megatron.core.rerun_state_machine import RerunMode, get_rerun_state_machine
 
+    from megatron_resilience import trainer
     from megatron_resilience.config.overrides import config_from_overrides
     from megatron_resilience.resilience import _dist, build_hooks
-    from megatron_resilience.runtime import loop, pretrain
+    from megatron_resilience.runtime import loop
 
     config = config_from_overrides([
         f"run_dir={run_dir}", *common.SHAPES[shape].overrides(), f"train.device={device}",
@@ -57,10 +58,10 @@ def worker(run_dir: str, blocks: int, block_steps: int, device: str, shape: str,
         "ft.enabled=true", "straggler.enabled=true",
         "straggler.report_time_interval=3600", "train.exit_signal_handler=true", "rerun.rerun_mode=validate_results"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    pretrain._setup_logging(rank)
+    trainer._setup_logging(rank)
     hooks = build_hooks(config, rank=rank, world_size=world)
     with hooks.setup_section():
-        ctx = pretrain._setup(config, hooks, time.monotonic())
+        ctx = trainer._setup(config, hooks, time.monotonic())
     hooks.after_setup(ctx.state)
     rerun = get_rerun_state_machine()
     raw = lambda: loop.train_step(ctx)  # noqa: E731

@@ -41,15 +41,16 @@ def build_ours(shape: common.Shape, device: str, precision: str, backend: str, r
     """Our trainer's setup in this process; returns a zero-argument step function."""
     from megatron.core.rerun_state_machine import destroy_rerun_state_machine
 
+    from megatron_resilience import trainer
     from megatron_resilience.config.overrides import config_from_overrides
-    from megatron_resilience.runtime import loop, pretrain
+    from megatron_resilience.runtime import loop
     from megatron_resilience.runtime.hooks import TrainingHooks
 
     config = config_from_overrides([
         f"run_dir={run_dir}", *shape.overrides(), f"model.precision={precision}", f"train.device={device}",
         f"model.attention_backend={backend}", f"train.max_steps={max_steps}"])
     destroy_rerun_state_machine()  # one per process; each setup makes its own
-    ctx = pretrain._setup(config, TrainingHooks(), time.monotonic())
+    ctx = trainer._setup(config, TrainingHooks(), time.monotonic())
     return lambda: loop.train_step(ctx)
 
 

@@ -196,7 +196,7 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     datasets = data.build_datasets(config, global_batch_size=gbs)
     timeline.mark("data")
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler)
-    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir)
+    checkpoints = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps)
     resumed = checkpoints.load_latest(state)
     timeline.mark("checkpoint_load")
     attempt = attempt_info()

@@ -40,6 +40,7 @@ from typing import Any
 
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, resolve
+from megatron_resilience.jobs.preemption_margin import preempt_time_of
 from megatron_resilience.plugins._executor import set_setup_block, slurm_job_file
 from megatron_resilience.plugins.task_settings import finished_evidence
 from megatron_resilience.upstream import import_nemo_run
@@ -89,6 +90,7 @@ def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
         cycle_info_dir=os.path.join(job_dir, "ft_cycle_info"),
         cycle_log_prefix=os.path.join(job_dir, "ft_cycle_logs", "cycle"),
         sbatch_script=os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh"),
+        preempt_time=preempt_time_of(getattr(executor, "signal", None)),
         **{k: v for k, v in settings.items() if k != "watch"})
 
 

@@ -42,6 +42,7 @@ from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
 from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.slurm_signal import same_slurm_signal
 from megatron_resilience.config.slurm_time import slurm_time_seconds
+from megatron_resilience.jobs.preemption_margin import preempt_time_warning
 from megatron_resilience.plugins import batch_decision, partial_trainers
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
@@ -141,6 +142,10 @@ class PreemptionPlugin(run.Plugin):
                      NAME, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
             set_env(executor, TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(self.preempt_time))
         editor = target.editor  # run_dir is read also with enable_exit_handler=False
+        if editor is not None and editor.run_dir():
+            warning = preempt_time_warning(self.preempt_time, editor.run_dir(), key=f"{NAME}.preempt_time")
+            if warning:
+                log.warning("%s", warning)
         if editor is not None and not uses_ft_launcher(executor.launcher) and not editor.run_dir():
             raise ConfigError(f"{NAME}: the task sets no run_dir; the trainer reports why it stopped in "
                               f"<run_dir>/{STOP_REASON_FILE}, which decides the requeue after a preemption")

@@ -1,4 +1,4 @@
-"""``nemo megatron_resilience report RUN`` and ``nemo megatron_resilience watch RUN``: the job-level commands.
+"""``nemo megatron_resilience report|watch|chaos RUN``: the job-level commands.
 
 ``RUN`` is a run directory (it holds ``metrics.jsonl`` or ``job_ledger.jsonl``) or a NeMo-Run experiment id
 (its job's ``run_dir`` is used). Options take either form, NeMo-Run's ``key=value`` or the flags of
@@ -36,6 +36,11 @@ REPORT_OPTIONS = {"png": ("str", "--png"), "logs": ("bool", "--logs"), "json": (
                   "tensorboard": ("bool", None)}
 WATCH_OPTIONS = {"interval": ("float", "--interval"), "once": ("bool", "--once"), "job_id": ("str", "--job-id"),
                  "config": ("str", "--config"), "policy": ("str", "--policy"), "monitors": ("str", "--monitors")}
+# durations and counts stay text here: ``python -m megatron_resilience.chaos`` parses and names them
+CHAOS_OPTIONS = {"mtbf": ("str", "--mtbf"), "mix": ("str", "--mix"), "seed": ("str", "--seed"),
+                 "max_count": ("str", "--max-count"), "max_time": ("str", "--max-time"),
+                 "repair": ("str", "--repair"), "job_id": ("str", "--job-id"), "rank": ("str", "--rank"),
+                 "plan": ("bool", "--plan")}
 
 
 def run_dir_of(run: str) -> str:
@@ -130,7 +135,7 @@ class ToolEntrypoint(Entrypoint):
     """An executor-less entrypoint whose arguments are parsed by :func:`parse_tool_args`, not Fiddle."""
 
     def _execute_simple(self, args: list[str], console: Any) -> None:
-        options = REPORT_OPTIONS if self.fn.__name__ == "report" else WATCH_OPTIONS
+        options = {"report": REPORT_OPTIONS, "watch": WATCH_OPTIONS, "chaos": CHAOS_OPTIONS}[self.fn.__name__]
         run, values = parse_tool_args(self.fn.__name__, args, options)
         code = self.fn(run_dir_of(run), **values)
         if code:
@@ -156,6 +161,19 @@ def watch(run: str, interval: float = 30.0, once: bool = False, job_id: str = ""
     return main(watch_argv(run, values))
 
 
+def chaos(run: str, mtbf: str = "", mix: str = "llama3", seed: str = "0", max_count: str = "10",
+          max_time: str = "1h", repair: str = "60s", job_id: str = "", rank: str = "", plan: bool = False) -> int:
+    """Inject a seeded stream of realistic failures into the run's running Slurm job (chaos_ledger.jsonl)."""
+    from megatron_resilience.chaos.cli import main
+
+    if not mtbf:
+        raise RunContextError("chaos: mtbf= is required (the mean time between faults, e.g. mtbf=120s)")
+    values = {"mtbf": mtbf, "mix": mix, "seed": seed, "max_count": max_count, "max_time": max_time,
+              "repair": repair, "job_id": job_id, "rank": rank}
+    argv = [run] + [arg for key, value in values.items() if value for arg in (CHAOS_OPTIONS[key][1], str(value))]
+    return main(argv + ["--plan"] * bool(plan))
+
+
 def _register(fn: Callable[..., Any], help: str) -> None:
     import_nemo_run().cli.entrypoint(namespace=NAMESPACE, entrypoint_cls=ToolEntrypoint, enable_executor=False,
                                      skip_confirmation=True, help=help)(fn)
@@ -167,3 +185,6 @@ _register(report, "The run's chain of Slurm attempts: why each ended, decisions,
 _register(watch, "Watch a run's Slurm jobs: node failures, lost batch hosts, finished-but-alive, stalls. Options: "
                  "interval=SECONDS once=true job_id=ID config=PATH policy=FILE monitors=FILE (or --interval SECONDS "
                  "--once --job-id ID --config PATH --policy FILE --monitors FILE).")
+_register(chaos, "Inject a seeded stream of realistic failures (the Llama 3 mix) into a run's running Slurm job. "
+                 "Options: mtbf=DURATION mix=NAME|FILE seed=N max_count=N max_time=DURATION repair=DURATION "
+                 "job_id=ID rank=N plan=true (or --mtbf DURATION ... --plan).")

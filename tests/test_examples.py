@@ -101,6 +101,30 @@ def _assert_the_run_itself_matches_the_summary(run_dir: str, scratch) -> None:
     with open(os.path.join(run_dir, "stop_reason.json")) as f:
         stop = json.load(f)
     assert finish_record(stop) == finished_at(40)
+    _assert_the_report_adds_up(run_dir, records)
+
+
+def _assert_the_report_adds_up(run_dir: str, records: list[dict]) -> None:
+    """The report the demo printed, bucket by bucket against the run's own records (issue 26)."""
+    from megatron_resilience.jobs.report import build
+
+    report = build(run_dir)
+    acc = report.accounting
+    [window] = report.windows
+    first_start = [r for r in records if r["kind"] == "start"][0]
+    # the allocation begins when ft_launcher started (the worker's parent), not when the trainer did
+    assert window.start == first_start["setup"]["launcher_start"] < first_start["setup"]["process_start"]
+    assert window.end == max(r["time"] for r in records)
+    assert acc.productive + sum(acc.badput.values()) == pytest.approx(acc.allocated, abs=1e-6)
+    assert acc.badput["checkpoint_save"] == pytest.approx(
+        sum(r["blocking_s"] for r in records if r["kind"] == "checkpoint"), abs=1e-6)
+    rerun = [r for r in records if r["kind"] == "train"][24:28]  # steps 21-24, run again after the restart
+    assert [r["step"] for r in rerun] == [21, 22, 23, 24]
+    assert acc.badput["wasted_progress"] == pytest.approx(sum(r["step_time_s"] for r in rerun), abs=1e-6)
+    first_runs = [r for r in records if r["kind"] == "train"][:24] + [r for r in records if r["kind"] == "train"][28:]
+    assert acc.productive == pytest.approx(sum(r["step_time_s"] for r in first_runs), abs=1e-6)
+    [restart] = acc.interruptions
+    assert restart.kind == "process" and acc.badput["restart_process"] > 0 and acc.badput["startup"] > 5
 
 
 def _console_blocks(markdown: str) -> list[tuple[str, list[str]]]:

@@ -79,7 +79,9 @@ def test_goodput_and_badput_land_in_the_runs_tensorboard_once_however_often_the_
     tb = read_tensorboard(str(run / "tensorboard"))
     f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]  # noqa: E731
     assert tb["goodput/goodput-percent"] == [(6, f32(100 * accounting["goodput"]))]  # at the last step, once
-    assert tb["goodput/productive-seconds"] == [(6, f32(accounting["productive"]))] == [(6, 1.5)]
+    # The report's own figure (its accounting, bucket by bucket, is proven in test_goodput_accounting.py); here
+    # the records were written milliseconds apart, so productive time is what fits in that wall time, not 6 x 0.25 s.
+    assert tb["goodput/productive-seconds"] == [(6, f32(accounting["productive"]))] and accounting["productive"] > 0
     assert tb["goodput/allocated-seconds"] == [(6, f32(accounting["allocated"]))]
     assert {t: v for t, v in tb.items() if t.startswith("badput/")} == {
         f"badput/{name.replace('_', '-')}-seconds": [(6, f32(value))] for name, value in accounting["badput"].items()}

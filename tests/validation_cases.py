@@ -64,6 +64,13 @@ TASK_CASES = [
     (["checkpoint.async_save=true"], "checkpoint.save: must be set when checkpoint.async_save is true, got None", ALL),
     (["checkpoint.keep_last_n=0"], "checkpoint.keep_last_n: must be an integer >= 1, got 0", ALL),
     (["checkpoint.save="], "checkpoint.save: must be a directory path or None, got ''", ALL),
+    (["checkpoint.interval_policy=daly"],
+     "checkpoint.interval_policy: must be one of ['fixed', 'young_daly'], got 'daly'", ALL),
+    (["checkpoint.expected_mtbf_hours=nan"], "checkpoint.expected_mtbf_hours: must be a finite number, got nan", ALL),
+    (["checkpoint.expected_mtbf_hours=0"], "checkpoint.expected_mtbf_hours: must be a number > 0, got 0.0", ALL),
+    (["checkpoint.save={tmp}/ck", "checkpoint.save_interval=5", "checkpoint.interval_policy=young_daly"],
+     "checkpoint.expected_mtbf_hours: must be set (hours > 0) with checkpoint.interval_policy='young_daly': it is "
+     "the failure rate until the run has measured its own, got None", ALL),
     (["data.tokenizer=sentencepiece"], "data.tokenizer: must be one of ['null', 'gpt2'], got 'sentencepiece'", ALL),
     (["data.tokenizer=gpt2"], "data.tokenizer: 'gpt2' needs data.vocab_file and data.merge_file, got 'gpt2'", ALL),
     (["data.split=90,10"],

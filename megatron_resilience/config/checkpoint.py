@@ -1,11 +1,27 @@
-"""Checkpointing with Megatron-Core dist_checkpointing: where, how often, how many to keep."""
+"""Checkpointing with Megatron-Core dist_checkpointing: where, how often, how many to keep.
+
+How often: ``interval_policy="fixed"`` saves every ``save_interval`` steps. ``"young_daly"`` lets the
+trainer choose the interval itself (``runtime/checkpoint_interval.py``): Daly's optimum for the save
+cost C it measures and the run's mean time between failures M (its own once it has seen 3 failures,
+``expected_mtbf_hours`` until then), recomputed after every save and every restart; ``save_interval`` is
+the first interval, until a save has been measured.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_int, check_non_negative, check_types, fail
+from megatron_resilience.config._validate import (
+    check_choice,
+    check_int,
+    check_non_negative,
+    check_positive,
+    check_types,
+    fail,
+)
+
+INTERVAL_POLICIES = ("fixed", "young_daly")
 
 
 @dataclass(kw_only=True)
@@ -22,6 +38,10 @@ class CheckpointConfig:
     # after writing and before it is committed, to rehearse a preemption signal during a save, or a save at the
     # signal that cannot finish before the launcher kills the ranks. 0 = off.
     simulated_slow_save: float = 0.0
+    interval_policy: str = "fixed"  # "fixed": every save_interval steps; "young_daly": chosen by the trainer
+    # The job's expected mean time between failures, in hours: young_daly's M until the run has seen 3 failures
+    # (the report also uses it for E*). Required with young_daly.
+    expected_mtbf_hours: float | None = None
 
     def __post_init__(self) -> None:
         check_types(self, "checkpoint")
@@ -39,6 +59,15 @@ class CheckpointConfig:
             fail("checkpoint.load", "must be set when checkpoint.load_optional is true", None)
         if self.async_save and self.save is None:
             fail("checkpoint.save", "must be set when checkpoint.async_save is true", None)
+        check_choice("checkpoint.interval_policy", self.interval_policy, INTERVAL_POLICIES)
+        check_positive("checkpoint.expected_mtbf_hours", self.expected_mtbf_hours, allow_none=True)
+        if self.interval_policy == "young_daly":
+            if self.expected_mtbf_hours is None:
+                fail("checkpoint.expected_mtbf_hours", "must be set (hours > 0) with checkpoint.interval_policy="
+                     "'young_daly': it is the failure rate until the run has measured its own", None)
+            if self.save_interval is None:
+                fail("checkpoint.save_interval", "must be set with checkpoint.interval_policy='young_daly': it is "
+                     "the first interval, until a save has been measured", None)
 
     @property
     def load_dir(self) -> str | None:

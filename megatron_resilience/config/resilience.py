@@ -114,9 +114,15 @@ class RerunConfig:
     error_injection_rate: int = 0  # inject an error once every N checks on average; 0 disables
     error_injection_type: str = "transient_error"
     result_rejected_tracker_filename: str | None = None
+    # Testing aid, like ft.simulate_fault: honour `python -m megatron_resilience.chaos`'s NaN (silent data corruption)
+    # trigger, <run_dir>/chaos_nan.json: while it names this attempt and rank, the loss is NaN (runtime/chaos_nan.py).
+    accept_chaos_nan: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "rerun")
         check_choice("rerun.rerun_mode", self.rerun_mode, RERUN_MODES)
+        if self.accept_chaos_nan and self.rerun_mode != "validate_results":
+            fail("rerun.rerun_mode", "must be 'validate_results' with rerun.accept_chaos_nan=true (the rerun state "
+                 "machine is what catches the NaN)", self.rerun_mode)
         check_choice("rerun.error_injection_type", self.error_injection_type, ERROR_INJECTION_TYPES)
         check_int("rerun.error_injection_rate", self.error_injection_rate, minimum=0)

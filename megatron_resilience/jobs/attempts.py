@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_resilience.jobs import attribution, finished, slurm, taxonomy
+from megatron_resilience.jobs import attribution, finished, preemption_margin, slurm, taxonomy
 from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
@@ -74,7 +74,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
     if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)
         info = node_info if node_info is not None else slurm.node_states(nodes)
         attribute(cls, evidence.signals + attribution.node_state_signals(info), nodes, info)
-    cycles = _cycles(files, progress, cfg)
+    cycles = _cycles(files, progress, cfg, mine)
     history = chain_history(ledger)
     record: dict[str, Any] = {
         "kind": "attempt", "by": by, "attempt_index": len(history), "job_id": str(job_id), "slurm_restart": restart,
@@ -85,6 +85,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
         **({"batch_signal": f"SIG{batch_signal}"} if batch_signal else {}),
     }
+    if cls.error_type == "preempted":
+        record["preemption"] = preemption_margin.measure(stop_reason, mine, exit_time=record["end"],
+                                                         preempt_time=cfg.preempt_time)
     policy = cfg.load_policy()
     if cfg.monitor_only:
         decision = decide_monitor_only(cls)
@@ -133,8 +136,24 @@ def _may_exclude(policy: Any, cls: Classification) -> bool:
     return policy.exclude_nodes_after > 0 or any(r.action == "requeue_excluding_nodes" for r in policy.rules)
 
 
-def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig) -> list[dict[str, Any]]:
-    """One entry per in-job (ft_launcher/torchrun) cycle: how it ended (earlier cycles) and where it resumed."""
+def _cycle_ends(mine: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """The trainer's own ``end`` record of each cycle (None for a cycle that never wrote one: killed, hung)."""
+    out: list[dict[str, Any] | None] = []
+    for rec in mine:
+        if rec.get("kind") == "start":
+            out.append(None)
+        elif rec.get("kind") == "end" and out:
+            out[-1] = {"reason": rec.get("reason"), "exit_code": rec.get("exit_code"), "step": rec.get("step")}
+    return out
+
+
+def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig,
+            mine: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """One entry per in-job (ft_launcher/torchrun) cycle: how it ended (earlier cycles) and where it resumed.
+
+    An earlier cycle's ending is classified from its logs and, when the trainer wrote one, its ``end`` record
+    (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted it)."""
+    ends = _cycle_ends(list(mine))
     count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1)
     out = []
     for k in range(count):
@@ -147,7 +166,10 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
                 "cycle_number", "cycle_start_time", "cycle_end_time", "active_nodes", "cycle_log_file")}})
         if k < len(files.cycles) - 1:  # an earlier cycle ended in an in-job restart: why?
             sigs = files.cycles[k]
-            c = classify(AttemptEvidence(exit_code=None, signals=sigs, no_restart_exit_code=cfg.no_restart_exit_code))
+            end = ends[k] if k < len(ends) else None
+            c = classify(AttemptEvidence(exit_code=None, signals=sigs, no_restart_exit_code=cfg.no_restart_exit_code,
+                                         stop_reason=end if end and str(end.get("reason", "")).startswith("rerun:")
+                                         else None))
             entry["ended"] = {"error_type": c.error_type, "reason": c.reason, "evidence": c.evidence[:2]}
         out.append(entry)
     return out

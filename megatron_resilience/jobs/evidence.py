@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from megatron_resilience.goodput.history import read_jsonl
 from megatron_resilience.jobs.monitors import Monitor, Signal, scan
 
 CYCLE_MARK = re.compile(r"^\s*restart_count=(\d+)\s*$")
@@ -154,18 +155,7 @@ def read_json(path: str | None) -> dict[str, Any] | None:
 
 
 def read_metrics(path: str | None) -> list[dict[str, Any]]:
-    if not path or not os.path.exists(path):
-        return []
-    out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+    return read_jsonl(path)
 
 
 def attempt_records(records: list[dict[str, Any]], *, job_id: str, restart: int, since: float | None,

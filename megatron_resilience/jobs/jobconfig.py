@@ -49,6 +49,7 @@ class JobLevelConfig:
     max_log_bytes: int = 8 << 20
     finished_grace_seconds: float = 300.0  # watcher: finished but still running after this -> scancel
     inactivity_threshold: float | None = None  # watcher: no log/metrics progress for this long (FT off) -> stall
+    preempt_time: int | None = None  # seconds between Slurm's preemption signal and its kill (--signal=SIG@N)
 
     def __post_init__(self) -> None:
         for name in ("job_name", "job_dir", "ledger", "finished_flag"):

@@ -7,7 +7,8 @@ EXIT trap's decision at the end) and by the watcher (what the job could not see 
 - ``attempt``: how one Slurm attempt ended — exit code, Slurm state, the classification with its
   evidence lines, the decision with the budget left, last step, checkpoint resumed from and reached,
   steps recomputed, the in-job restart cycles (from ft_launcher's cycle-info files or the trainer's
-  ``start`` records), the attempt's log files;
+  ``start`` records), the attempt's log files; for a preemption, whether the save at the signal finished
+  and the margin left before Slurm's kill (``preemption``, see ``preemption_margin.py``);
 - ``intent`` / ``outcome``: the write-ahead pair around every ``sbatch``/``scancel``/``scontrol``: the
   intent is on disk before the command runs, so a watcher killed in between finds it on restart
   and reconciles with Slurm instead of acting twice;

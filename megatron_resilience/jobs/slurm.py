@@ -45,7 +45,7 @@ def expand_nodes(nodelist: str | None) -> list[str]:
 
 def sacct_runs(job_id: str) -> list[dict[str, str]]:
     """Every run of the job (a requeue adds one), oldest first, from accounting."""
-    fields = ["JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "Reason", "Partition"]
+    fields = ["JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "Reason", "Partition", "JobName"]
     out = _run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", ",".join(fields)])
     if not out:
         return []

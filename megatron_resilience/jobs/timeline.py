@@ -1,10 +1,11 @@
-"""The PNG timeline of a run's attempts: one lane per Slurm attempt, what each second was spent on.
+"""The PNG timeline of a run: one lane per attempt, every second in its bucket, the injected faults marked.
 
-Grey: setup (launch, imports, checkpoint load); green: training; orange: steps that were run again
-after a restart; red: restart downtime (a failed cycle's last sign of life to the next start, or to
-the end of a failed attempt); blue hatch: waiting in the queue; black ticks: checkpoints. Each
-lane is labelled with why the attempt ended. matplotlib is imported here only (lazily), so the
-report's text and the batch script's decision never need it.
+Drawn from the report's accounting spans (:mod:`.accounting`), so the picture and the numbers are the
+same thing: green is productive training, orange the steps run again after a restart (where they were
+re-run: they belong to the interruption), reds the failure detection and restart downtime, greys the
+startup phases, black the checkpoint save stalls; queue wait is the hatched lane below. Red triangles
+are the faults a chaos run injected (``chaos_ledger.jsonl``), labelled with their kind. matplotlib is
+imported here only (lazily), so the report's text and the batch script's decision never need it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.jobs.evidence import read_metrics
-from megatron_resilience.jobs.report import RunReport, _train_windows
+from megatron_resilience.jobs.accounting import PRODUCTIVE, QUEUE
+from megatron_resilience.jobs.report import RunReport
 
-COLORS = {"setup": "#9e9e9e", "train": "#4caf50", "recomputed": "#ff9800", "downtime": "#e53935", "queue": "#90caf9"}
+COLORS = {PRODUCTIVE: "#4caf50", "startup": "#9e9e9e", "data_loading": "#bdbdbd", "checkpoint_restore": "#7e57c2",
+          "checkpoint_save": "#212121", "wasted_progress": "#ff9800", "failure_detection": "#ad1457",
+          "restart_inprocess": "#ef9a9a", "restart_process": "#e53935", "restart_job": "#b71c1c", "eval": "#29b6f6",
+          "other": "#e0e0e0", QUEUE: "#90caf9"}
 
 
 def write_timeline(report: RunReport, path: str) -> str:
@@ -25,46 +29,36 @@ def write_timeline(report: RunReport, path: str) -> str:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    records = read_metrics(os.path.join(report.run_dir, "metrics.jsonl"))
-    windows = _train_windows(records)
-    kept_last = {}
-    for w in windows:
-        kept_last[w["step"]] = id(w)
-    lanes = [s for s in report.segments if s["kind"] == "attempt"]
-    t0 = min([s["start"] for s in report.segments] + [float(r["time"]) for r in records if r.get("time")],
-             default=0.0)
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * max(1, len(lanes))), dpi=110)
-    for lane, seg in enumerate(lanes):
-        y = len(lanes) - 1 - lane
-        start, end = seg["start"] - t0, seg["end"] - t0
-        starts = [c - t0 for c in seg.get("cycle_starts") or []]
-        bar(ax, y, start, (starts[0] if starts else end) - start, "setup")
-        bounds = starts + [end]
-        for k, begin in enumerate(starts):
-            mine = [w for w in windows if begin <= float(w["time"]) - t0 <= bounds[k + 1]]
-            alive = max((float(w["time"]) - t0 for w in mine), default=begin)
-            bar(ax, y, begin, alive - begin, "train")
-            for w in mine:
-                if kept_last.get(w["step"]) != id(w):
-                    bar(ax, y, float(w["time"]) - t0 - w["_seconds"], w["_seconds"], "recomputed")
-            if k + 1 < len(starts) or seg.get("label") not in ("finished", "preempted", "running", ""):
-                bar(ax, y, alive, bounds[k + 1] - alive, "downtime")
-        for rec in records:
-            if rec.get("kind") == "checkpoint" and seg["start"] <= float(rec.get("time", 0)) <= seg["end"]:
-                ax.plot([float(rec["time"]) - t0] * 2, [y - 0.3, y + 0.3], color="black", linewidth=1)
-        ax.text(end, y, f"  {seg.get('label') or ''}", va="center", fontsize=8)
-    for seg in report.segments:
-        if seg["kind"] == "queue":
-            ax.barh(-0.9, seg["end"] - seg["start"], left=seg["start"] - t0, height=0.4, color=COLORS["queue"],
-                    hatch="//", edgecolor="#1e88e5")
-    ax.set_yticks(range(len(lanes)), [f"attempt {len(lanes) - 1 - i}" for i in range(len(lanes))])
-    ax.set_ylim(-1.3 if any(s["kind"] == "queue" for s in report.segments) else -0.6, len(lanes) - 0.4)
+    spans = report.accounting.spans
+    lanes = sorted({s.attempt for s in spans if s.attempt is not None})
+    t0 = min((s.start for s in spans), default=0.0)
+    fig, ax = plt.subplots(figsize=(11, 2.4 + 0.6 * max(1, len(lanes))), dpi=110)
+    y_of = {a: len(lanes) - 1 - k for k, a in enumerate(lanes)}
+    for s in spans:
+        if s.bucket == QUEUE:
+            ax.barh(-1, s.seconds, left=s.start - t0, height=0.4, color=COLORS[QUEUE], hatch="//",
+                    edgecolor="#1e88e5", linewidth=0)
+        elif s.attempt is not None:
+            ax.barh(y_of[s.attempt], s.seconds, left=s.start - t0, height=0.5, color=COLORS.get(s.bucket, "#000"),
+                    linewidth=0)
+    for w in report.windows:
+        if w.index in y_of:
+            ax.text(w.end - t0, y_of[w.index], f"  {w.ending}", va="center", fontsize=7)
+    _mark_injections(ax, report.injected.get("injections") or [], t0, len(lanes))
+    labels = [f"attempt {a}" for a in lanes]
+    ax.set_yticks([y_of[a] for a in lanes], labels)
+    ax.set_ylim(-1.4 if any(s.bucket == QUEUE for s in spans) else -0.6, len(lanes) - 0.2)
     ax.set_xlabel("seconds since the first attempt started")
     acc = report.accounting
-    ax.set_title(f"{os.path.basename(report.run_dir.rstrip('/'))}: goodput {100 * acc.goodput:.1f}% of "
-                 f"{acc.allocated:.0f} s allocated", fontsize=10, pad=22)
-    handles = [Patch(color=c, label=k) for k, c in COLORS.items()]
-    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=5, frameon=False)
+    title = f"{os.path.basename(report.run_dir.rstrip('/'))}: goodput {100 * acc.goodput:.1f}% of " \
+            f"{acc.allocated:.0f} s allocated"
+    if report.optimum.ratio is not None:
+        title += f" = {report.optimum.ratio:.2f} x E* ({100 * report.optimum.e_star:.1f}%)"
+    ax.set_title(title, fontsize=10, pad=30)
+    used = [b for b in COLORS if any(s.bucket == b for s in spans)]
+    handles = [Patch(color=COLORS[b], label=b.replace("_", " ")) for b in used]
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+              ncol=min(7, len(handles)), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -72,6 +66,8 @@ def write_timeline(report: RunReport, path: str) -> str:
     return path
 
 
-def bar(ax: Any, y: float, left: float, width: float, kind: str) -> None:
-    if width > 0:
-        ax.barh(y, width, left=left, height=0.5, color=COLORS[kind])
+def _mark_injections(ax: Any, rows: list[dict[str, Any]], t0: float, lanes: int) -> None:
+    for row in rows:
+        x = float(row.get("time") or 0) - t0
+        ax.plot([x], [lanes - 0.35], marker="v", color="#d50000", markersize=6)
+        ax.text(x, lanes - 0.25, str(row.get("fault")), fontsize=6, rotation=45, ha="left", va="bottom")

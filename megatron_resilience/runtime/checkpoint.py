@@ -2,7 +2,7 @@
 
 The training loop uses one :class:`CheckpointManager`::
 
-    ckpt = CheckpointManager(config.checkpoint, run_dir=config.run_dir)   # during setup
+    ckpt = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps)
     ckpt.load_latest(state)                # resume: newest complete checkpoint, or start fresh
     ...
     if ckpt.should_save(state.step):
@@ -52,6 +52,7 @@ from megatron_resilience import upstream
 from megatron_resilience.config import CheckpointConfig, ConfigError
 from megatron_resilience.runtime import checkpoint_layout as layout
 from megatron_resilience.runtime import checkpoint_state
+from megatron_resilience.runtime.checkpoint_interval import AdaptiveInterval
 from megatron_resilience.runtime.checkpoint_layout import atomic_write_text  # noqa: F401  (public re-export)
 from megatron_resilience.runtime.state import TrainState
 
@@ -118,9 +119,12 @@ def _all_ok(ok: bool) -> bool:
 class CheckpointManager:
     """Saves and restores a :class:`TrainState`; every method is collective (call it on all ranks)."""
 
-    def __init__(self, config: CheckpointConfig, *, run_dir: str) -> None:
+    def __init__(self, config: CheckpointConfig, *, run_dir: str, max_steps: int | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
+        # checkpoint.interval_policy=young_daly: the interval is chosen at restarts and after periodic saves
+        self.interval = AdaptiveInterval(config, run_dir=run_dir, max_steps=max_steps) \
+            if config.interval_policy == "young_daly" and config.save is not None else None
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
         self._pending: list[_Save] = []  # async saves scheduled and not yet committed, oldest first
@@ -138,11 +142,23 @@ class CheckpointManager:
         return self._latest_step
 
     def should_save(self, step: int) -> bool:
+        if self.interval is not None:
+            return self.interval.due(step)
         interval = self.config.save_interval
         return self.config.save is not None and interval is not None and step > 0 and step % interval == 0
 
+    def take_interval_changes(self) -> list[dict[str, Any]]:
+        """``checkpoint_interval`` records of the decisions since the last call (young_daly; rank 0)."""
+        return self.interval.take_events() if self.interval is not None else []
+
     def load_latest(self, state: TrainState) -> bool:
         """Restore ``state`` in place from the newest complete checkpoint; False when there is none."""
+        resumed = self._load_latest(state)
+        if self.interval is not None:
+            self.interval.after_restart(state.step)
+        return resumed
+
+    def _load_latest(self, state: TrainState) -> bool:
         root = self.config.load_dir
         if root is None:
             return False
@@ -225,6 +241,11 @@ class CheckpointManager:
             if _rank() == 0:  # a sync save already logged "committed ..."
                 log.info("checkpoint: scheduled async save of step %d in %.3f s", step, save.blocking_s)
         self.last_save_seconds = save.blocking_s
+        if self.interval is not None:
+            if reason == "interval":
+                self.interval.after_save(step, save.blocking_s, periodic=True)
+            else:  # a save at a stop or at the end: nothing left to decide, no extra collective
+                self.interval.last_save_step = step
 
     def maybe_finalize(self, *, blocking: bool = False) -> list[int]:
         """Commit async saves whose writes finished on all ranks; returns their steps. Collective.

@@ -68,13 +68,16 @@ class StepResult:
 # --- forward step and loss ------------------------------------------------------------------------------------
 
 
-def loss_func(config: PretrainConfig, loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Token-mean LM loss, validated by the rerun state machine the way Megatron-LM's ``pretrain_gpt`` does."""
+def loss_func(config: PretrainConfig, loss_mask: torch.Tensor, output_tensor: torch.Tensor, poison: bool = False):
+    """Token-mean LM loss, validated by the rerun state machine the way Megatron-LM's ``pretrain_gpt`` does.
+    ``poison``: the chaos tool's silent data corruption (``rerun.accept_chaos_nan``): the loss is NaN."""
     from megatron.core.rerun_state_machine import get_rerun_state_machine
 
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask) / mask.sum().clamp(min=1)
+    if poison:
+        loss = loss * float("nan")
     rerun = get_rerun_state_machine()
     if config.rerun.check_for_nan_in_loss:
         rerun.validate_result(result=loss, rejection_func=torch.isnan,
@@ -90,12 +93,12 @@ def loss_func(config: PretrainConfig, loss_mask: torch.Tensor, output_tensor: to
     return loss, {"lm loss": loss.detach().clone()}
 
 
-def forward_step(config: PretrainConfig, data_iterator, model):
+def forward_step(config: PretrainConfig, data_iterator, model, poison: bool = False):
     """One micro-batch through this pipeline stage (Megatron-Core's ``forward_step_func`` contract)."""
     batch = next(data_iterator)
     # No attention mask in the batch: causal masks are built by the attention backend (runtime/data.py).
     output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
-    return output, partial(loss_func, config, batch["loss_mask"])
+    return output, partial(loss_func, config, batch["loss_mask"], poison=poison)
 
 
 def _mean_micro_loss(losses_reduced: list[dict]) -> torch.Tensor | None:
@@ -131,16 +134,19 @@ def train_step(ctx: TrainContext) -> StepResult:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.rerun_state_machine import get_rerun_state_machine
 
+    from megatron_resilience.runtime.chaos_nan import poisoned
+
     config, state = ctx.config, ctx.state
     rerun = get_rerun_state_machine()
     forward_backward = get_forward_backward_func()
     losses_reduced: list[dict] = []
+    poison = poisoned(config, ctx.dist.rank)
     while rerun.should_run_forward_backward(ctx.train_iterator):
         for chunk in state.model:
             chunk.zero_grad_buffer()
         state.optimizer.zero_grad()
         losses_reduced = forward_backward(
-            forward_step_func=partial(forward_step, config),
+            forward_step_func=partial(forward_step, config, poison=poison),
             data_iterator=ctx.train_iterator,
             model=state.model,
             num_microbatches=ctx.num_microbatches,
@@ -224,9 +230,12 @@ def save_checkpoint(ctx: TrainContext, why: str) -> None:
 
 
 def record_durable_checkpoints(ctx: TrainContext) -> None:
-    """A ``checkpoint`` record in metrics.jsonl for each save that became durable (committed) since last time."""
+    """A ``checkpoint`` record in metrics.jsonl for each save that became durable (committed) since last time,
+    and a ``checkpoint_interval`` record for each interval the trainer chose (``checkpoint.interval_policy``)."""
     for record in ctx.checkpoints.take_durable():
         ctx.metrics.event("checkpoint", **record)
+    for record in ctx.checkpoints.take_interval_changes():
+        ctx.metrics.event("checkpoint_interval", **record)
 
 
 def poll_async_checkpoints(ctx: TrainContext) -> None:
@@ -285,6 +294,7 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
     window_losses: list[torch.Tensor | None] = []
     window_time = 0.0
     reason, exit_code = FINISHED, None
+    record_durable_checkpoints(ctx)  # the interval chosen at the restart (checkpoint.interval_policy=young_daly)
     stop = hooks.stop_requested(state)  # a signal during setup: stop before the first step
     if stop:
         reason = stop
@@ -318,7 +328,9 @@ def train(ctx: TrainContext) -> tuple[str, int | None, str | None]:
             window_losses, window_time = [], 0.0
         if t.eval_interval and step % t.eval_interval == 0:
             with hooks.eval_section():
-                ctx.metrics.eval(step=step, eval_loss=evaluate(ctx))
+                began = time.perf_counter()
+                eval_loss = evaluate(ctx)
+                ctx.metrics.eval(step=step, eval_loss=eval_loss, duration_s=time.perf_counter() - began)
         poll_async_checkpoints(ctx)
         if ctx.checkpoints.should_save(step) and step != t.max_steps:
             # A signal from this step stops the run first: its stop is recorded before any slow save starts.

@@ -3,7 +3,7 @@
 Every JSON line has a ``kind``:
 
 - ``"train"``: ``step, loss, lr, grad_norm, step_time_s, tokens_per_s, consumed_samples, time``;
-- ``"eval"``: ``step, eval_loss, time``;
+- ``"eval"``: ``step, eval_loss, duration_s`` (the evaluation's wall time), ``time``;
 - ``"start"``: ``step`` (the step training resumes from), ``consumed_samples``, ``resumed``,
   ``resumed_from`` (checkpoint step or null), ``attempt`` (``slurm_restart``, ``in_job_restart``,
   ``job_id``), ``last_logged_step`` (the highest step logged before this start, or null), ``restart``,
@@ -16,6 +16,9 @@ Every JSON line has a ``kind``:
   ``path``;
 - ``"signal"``: the exit signal stopped the run: ``signal``, ``received_time`` and ``received_during``
   (rank 0's), ``first_received_time`` (any rank), ``count``, ``step``, ``before_training``;
+- ``"checkpoint_interval"`` (``checkpoint.interval_policy=young_daly``): each interval the trainer chose:
+  ``step``, ``after`` ("restart" or "save"), ``interval_steps``, ``tau_s``, ``c_s``, ``m_s``, ``m_source``,
+  ``failures``, ``step_s``, ``expected_mtbf_s``;
 - ``"end"``: ``step``, ``reason`` (as passed to ``hooks.on_exit``), ``exit_code``;
 - ``"straggler"``: a straggler report: ``step``, ``scores`` ({score name: {rank: score}}), ``stragglers``
   (ranks below the thresholds);
@@ -144,11 +147,12 @@ class MetricsLogger:
         self._last = (step, now)
         return (self.max_steps - step) * (self._seconds_per_step or step_time_s)
 
-    def eval(self, *, step: int, eval_loss: float) -> None:
+    def eval(self, *, step: int, eval_loss: float, duration_s: float | None = None) -> None:
         if not self.enabled:
             return
         log.info("eval at step %d | eval_loss %.4f", step, eval_loss)
-        self._write({"kind": "eval", "step": step, "eval_loss": eval_loss, "time": time.time()})
+        self._write({"kind": "eval", "step": step, "eval_loss": eval_loss, "duration_s": duration_s,
+                     "time": time.time()})
 
     def close(self) -> None:
         for sink in self.sinks:

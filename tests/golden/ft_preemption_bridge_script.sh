@@ -81,6 +81,7 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  ],
  "no_restart_exit_code": 93,
  "policy": null,
+ "preempt_time": 60,
  "run_dir": null,
  "sbatch_script": "/cluster/experiments/gpt/gpt_preview/gpt_sbatch.sh",
  "stop_reason": null,

@@ -1,0 +1,264 @@
+"""Goodput under a realistic failure stream: a chaos run per variant, each compared with Daly's E* for its own C, R, M.
+
+    python benchmarks/chaos.py [--variants off] [--intervals young_daly,short,long] [--mtbf 60s] [--seed 27]
+                               [--max-count 10] [--steps 1600] [--out DIR] [--json PATH]
+
+Each run is the real trainer submitted through NeMo-Run's ``SlurmExecutor`` to the repo's multi-node Slurm
+instance (``MR_SLURM_INSTANCE=multinode``: 2 nodes + 1 reserved node, started here when needed) with
+``FaultTolerancePlugin``, ``PreemptionPlugin`` and ``RestartPolicyPlugin(policy="megatron_transient")``, the
+watcher (``python -m megatron_resilience.watch``) and a chaos stream (``python -m megatron_resilience.chaos``)
+at ``--mtbf`` from the ``--mix``, all with nobody watching. An uninterrupted reference of the same task runs on
+the default single-node cluster at the same time; every run's losses are compared with it bitwise.
+
+Variants are config overrides and plugin arguments (``VARIANTS``): ``off`` (process restarts by ft_launcher,
+requeues by the job-level decision), ``fast_recovery`` (in-process restart and node-local checkpoints) and
+``elastic_no_spare`` (elastic continuation on the nodes left, no spare node); a variant whose settings this
+checkout does not have is reported as unavailable. Intervals: ``young_daly`` (the trainer picks Daly's
+optimum), ``short`` / ``long`` (a fixed interval 10x shorter / longer than the optimum: ``--optimum-steps``, or
+the one the young_daly run recommended). The table prints goodput / E* for each run; the JSON has every
+report; each run directory keeps its report text and timeline PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, describe, machine, table, write_json  # noqa: E402
+
+INTERVALS = ("young_daly", "short", "long")
+# Every variant: trainer overrides (``{run_dir}`` filled in), FaultTolerancePlugin arguments, and the Slurm layout.
+BASE_FT = dict(num_in_job_restarts=30, num_job_retries_on_failure=0, calc_ft_timeouts=False, setup_timeout=600.0,
+               step_timeout=20.0, checkpointing_timeout=120.0, out_of_section_timeout=120.0,
+               workload_check_interval=1.0)
+VARIANTS = {
+    "off": {"overrides": [], "ft": {}, "partition": "faults", "nodes": 1},
+    "fast_recovery": {"overrides": ["inprocess.enabled=true", "checkpoint.local_dir={run_dir}/local_ckpt",
+                                    "checkpoint.local_interval=10"], "ft": {"inprocess_restart": True},
+                      "partition": "faults", "nodes": 1},
+    "elastic_no_spare": {"overrides": [], "ft": {"min_nodes": 1}, "partition": "debug", "nodes": 2},
+}
+TASK = ["train.log_interval=1", "straggler.enabled=false", "train.eval_interval=null",
+        "rerun.rerun_mode=validate_results", "rerun.accept_chaos_nan=true", "checkpoint.async_save=false",
+        "checkpoint.keep_last_n=4"]
+
+
+def start_cluster(instance: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MR_SLURM_")}
+    if instance:
+        env["MR_SLURM_INSTANCE"] = instance
+    out = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "start.sh")], env=env, capture_output=True,
+                         text=True, timeout=900)
+    if out.returncode:
+        sys.exit(f"scripts/slurm/start.sh failed:\n{out.stdout}\n{out.stderr}")
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+
+
+def build(root: str, name: str, *, steps: int, interval: str, optimum_steps: int | None, mtbf: float,
+          variant: dict, shape: list[str], step_delay: float):
+    """The task and plugins of one run (the reference: no variant, no chaos)."""
+    from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin
+    from megatron_resilience.recipes import apply_overrides, gpt_tiny
+
+    task = gpt_tiny(dir=root, name=name, num_nodes=variant["nodes"], num_gpus_per_node=1)
+    run_dir = task.run_dir
+    overrides = [f"train.max_steps={steps}", f"optim.lr_decay_steps={steps}", *TASK, *shape]
+    if step_delay:
+        overrides += ["straggler.simulated_straggler_rank=0", f"straggler.simulated_straggler_delay={step_delay}"]
+    if interval == "young_daly":
+        overrides += ["checkpoint.interval_policy=young_daly", f"checkpoint.expected_mtbf_hours={mtbf / 3600}",
+                      f"checkpoint.save_interval={max(1, (optimum_steps or 50))}"]
+    else:
+        every = {"short": max(1, round(optimum_steps / 10)), "long": optimum_steps * 10,
+                 "fixed": optimum_steps}[interval]
+        overrides += [f"checkpoint.save_interval={every}", f"checkpoint.expected_mtbf_hours={mtbf / 3600}"]
+    overrides += [o.format(run_dir=run_dir) for o in variant["overrides"]]
+    task = apply_overrides(task, overrides)
+    plugins = [FaultTolerancePlugin(**BASE_FT, **variant["ft"]), PreemptionPlugin(preempt_time=60),
+               RestartPolicyPlugin(policy="megatron_transient")]
+    return task, plugins, overrides
+
+
+def submit(name: str, task, plugins, cluster: dict[str, str], *, partition: str, nodes: int, minutes: int) -> str:
+    from megatron_resilience.upstream import import_nemo_run
+
+    run = import_nemo_run()
+    os.environ["SLURM_CONF"] = cluster["slurm_conf"]
+    executor = run.SlurmExecutor(account="megatron_resilience_bench", partition=partition, nodes=nodes,
+                                 ntasks_per_node=1, time=f"00:{minutes:02d}:00" if minutes < 60 else
+                                 f"{minutes // 60:02d}:{minutes % 60:02d}:00", tunnel=run.LocalTunnel(job_dir=""),
+                                 packager=run.Packager(), env_vars={"OMP_NUM_THREADS": "1"})
+    with run.Experiment(name, executor=executor) as exp:
+        exp.add(task, executor=executor, plugins=list(plugins), name=name)
+        exp.run(detach=True)
+    return exp.jobs[0].handle.rstrip("/").rsplit("/", 1)[-1]
+
+
+def slurm_state(job: str, conf: str) -> str:
+    env = {**os.environ, "SLURM_CONF": conf}
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"], env=env, capture_output=True,
+                         text=True).stdout.split()
+    return out[-1] if out else "?"
+
+
+def losses(run_dir: str) -> dict[int, float]:
+    from megatron_resilience.jobs.evidence import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+            if r.get("kind") == "train"}
+
+
+def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: int | None, clusters: dict) -> dict:
+    from megatron_resilience.jobs.ledger import Ledger
+    from megatron_resilience.jobs.report import build as build_report
+    from megatron_resilience.jobs.report import format_report
+    from megatron_resilience.jobs.timeline import write_timeline
+
+    variant = VARIANTS[variant_name]
+    try:
+        task, plugins, overrides = build(args.out, name, steps=args.steps, interval=interval,
+                                         optimum_steps=optimum_steps, mtbf=args.mtbf, variant=variant,
+                                         shape=args.shape, step_delay=args.step_delay)
+    except (TypeError, ValueError) as err:  # a setting of a feature this checkout does not have
+        return {"name": name, "variant": variant_name, "interval": interval, "unavailable": str(err)}
+    run_dir = task.run_dir
+    cluster = clusters["multinode"]
+    env = {**os.environ, "SLURM_CONF": cluster["slurm_conf"]}
+    job = submit(name, task, plugins, cluster, partition=variant["partition"], nodes=variant["nodes"],
+                 minutes=args.job_minutes)
+    print(f"[{name}] job {job}: {' '.join(overrides)}", flush=True)
+    os.makedirs(run_dir, exist_ok=True)
+    ledger = Ledger(os.path.join(run_dir, "job_ledger.jsonl"))
+    logs = {k: open(os.path.join(args.out, f"{name}.{k}.log"), "w") for k in ("watch", "chaos")}
+    chaos = subprocess.Popen([sys.executable, "-m", "megatron_resilience.chaos", run_dir, "--job-id", job,
+                              "--mtbf", str(args.mtbf), "--mix", args.mix, "--seed", str(args.seed),
+                              "--max-count", str(args.max_count), "--max-time", str(args.job_minutes * 60),
+                              "--repair", str(args.repair)], env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT)
+    started = time.monotonic()
+    while not ledger.records("attempt_start") and time.monotonic() - started < 600:
+        time.sleep(1)  # the watcher reads the job-level config the batch script writes at its start
+    watcher = subprocess.Popen([sys.executable, "-m", "megatron_resilience.watch", run_dir, "--job-id", job,
+                                "--interval", "2"], env=env, stdout=logs["watch"], stderr=subprocess.STDOUT)
+    try:
+        while ledger.final() is None and time.monotonic() - started < args.job_minutes * 60 + 600:
+            time.sleep(5)
+        for proc in (watcher, chaos):
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait(timeout=60)
+    finally:
+        for proc in (watcher, chaos):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+        for f in logs.values():
+            f.close()
+    wall = time.monotonic() - started
+    os.environ["SLURM_CONF"] = cluster["slurm_conf"]
+    report = build_report(run_dir)
+    text = format_report(report, evidence=False)
+    Path(run_dir, "report.txt").write_text(text + "\n")
+    png = write_timeline(report, os.path.join(run_dir, "timeline.png"))
+    print(text, flush=True)
+    acc, opt = report.accounting, report.optimum
+    return {"name": name, "variant": variant_name, "interval": interval, "job": job, "run_dir": run_dir,
+            "wall_s": wall, "overrides": overrides, "final": report.final, "timeline": png,
+            "steps": len(losses(run_dir)), "report": report.to_dict(),
+            "sum_error_s": abs(acc.productive + sum(acc.badput.values()) - acc.allocated),
+            "goodput": acc.goodput, "e_star": opt.e_star, "ratio": opt.ratio, "recommended_steps":
+            opt.recommended_steps, "interval_steps": opt.interval_steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from megatron_resilience.chaos.cli import duration
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", default="off", help=f"comma-separated, of {sorted(VARIANTS)}")
+    p.add_argument("--intervals", default="young_daly,short,long", help=f"comma-separated, of {INTERVALS}")
+    # seed 27: the first whose first 10 faults of the default mix cover its 5 kinds with at most 2 node failures
+    # (megatron_transient allows 3 crash requeues; Xid, ECC and hangs are restarted by ft_launcher inside the job)
+    p.add_argument("--seed", type=int, default=27)
+    p.add_argument("--max-count", type=int, default=10)
+    p.add_argument("--mix", default="llama3_local_cluster")
+    p.add_argument("--mtbf", type=duration, default=60.0, help="mean training time between faults")
+    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--step-delay", type=float, default=0.1, help="extra compute per step on rank 0 (s): per-step "
+                   "overhead (logging, FT sections) small beside the step, as on a GPU")
+    p.add_argument("--shape", nargs="*", default=[], help="model overrides (default gpt_tiny's)")
+    p.add_argument("--optimum-steps", type=int, default=None, help="the optimum interval for short/long (default: "
+                   "what the young_daly run recommends)")
+    p.add_argument("--repair", type=duration, default=120.0)
+    p.add_argument("--job-minutes", type=int, default=40)
+    p.add_argument("--out", default=None, help="runs go here (default /tmp/mr-chaos-<time>)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.out = os.path.abspath(args.out or f"/tmp/mr-chaos-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(args.out, exist_ok=True)
+    os.environ.setdefault("NEMORUN_HOME", os.path.join(args.out, "nemorun_home"))
+    # sbatch exports this environment to the jobs: their python, ft_launcher and torchrun are this checkout's
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    clusters = {"multinode": start_cluster("multinode"), "default": start_cluster(None)}
+
+    # the uninterrupted reference, on the default cluster, beside the chaos runs
+    ref_task, ref_plugins, _ = build(args.out, "reference", steps=args.steps, interval="fixed",
+                                     optimum_steps=max(1, args.steps // 4), mtbf=args.mtbf, variant=VARIANTS["off"],
+                                     shape=args.shape, step_delay=args.step_delay)
+    ref_job = submit("reference", ref_task, ref_plugins, clusters["default"],
+                     partition=clusters["default"]["partition"], nodes=1, minutes=args.job_minutes)
+    print(f"[reference] job {ref_job} on the default cluster", flush=True)
+
+    results, optimum = [], args.optimum_steps
+    for variant in args.variants.split(","):
+        for interval in args.intervals.split(","):
+            if interval != "young_daly" and optimum is None:
+                results.append({"name": f"{variant}-{interval}", "variant": variant, "interval": interval,
+                                "unavailable": "no optimum interval known (run young_daly first or --optimum-steps)"})
+                continue
+            result = one_run(args, f"{variant}-{interval}", variant, interval, optimum, clusters)
+            if interval == "young_daly" and result.get("recommended_steps"):
+                optimum = optimum or result["recommended_steps"]
+            results.append(result)
+    deadline = time.monotonic() + args.job_minutes * 60
+    while slurm_state(ref_job, clusters["default"]["slurm_conf"]) not in ("COMPLETED", "FAILED", "CANCELLED",
+                                                                           "TIMEOUT") and time.monotonic() < deadline:
+        time.sleep(5)
+    ref = losses(ref_task.run_dir)
+    for r in results:
+        if "run_dir" in r:
+            mine = losses(r["run_dir"])
+            r["losses_equal_reference"] = bool(ref) and sorted(mine) == sorted(ref) == \
+                list(range(1, args.steps + 1)) and all(mine[s] == ref[s] for s in ref)
+
+    rows = []
+    for r in results:
+        if "unavailable" in r:
+            rows.append([r["variant"], r["interval"], f"unavailable: {r['unavailable'][:80]}"] + [None] * 8)
+            continue
+        inj = r["report"]["injected"]
+        rows.append([r["variant"], r["interval"], r["interval_steps"], len(inj["injections"]),
+                     sum(1 for i in inj["injections"] if i["match"]), f"{100 * r['goodput']:.1f}%",
+                     f"{100 * r['e_star']:.1f}%" if r["e_star"] else None,
+                     f"{r['ratio']:.3f}" if r["ratio"] else None, r["losses_equal_reference"],
+                     f"{r['sum_error_s']:.2e}", r["final"][:60]])
+    headers = ["variant", "interval", "steps/save", "injected", "classified", "goodput", "E*", "goodput/E*",
+               "losses bitwise", "|sum - allocated| s", "final"]
+    info = machine("cpu")
+    print(describe(info))
+    print(table(headers, rows))
+    path = write_json("chaos", "cpu", {"machine": info, "args": {k: v for k, v in vars(args).items()
+                                                                  if k != "json"}, "optimum_steps": optimum,
+                                        "reference": {"job": ref_job, "run_dir": ref_task.run_dir,
+                                                      "steps": len(ref)}, "runs": results}, args.json)
+    print(f"json: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""``python -m megatron_resilience.chaos RUN_DIR --mtbf 120s [--mix llama3] [--seed 7] ...``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import asdict
+
+from megatron_resilience.chaos.faults import FAULTS
+from megatron_resilience.chaos.mix import load_mix, preset_names
+from megatron_resilience.chaos.runner import Chaos, ChaosConfig, plan
+from megatron_resilience.config._validate import ConfigError
+
+UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """``120``, ``120s``, ``2m``, ``1.5h`` -> seconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h)?\s*", str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"must be a duration like 120s, 2m or 1h, got {text!r}")
+    return float(match.group(1)) * UNITS[match.group(2) or ""]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m megatron_resilience.chaos", description=(
+        "Inject a seeded stream of realistic failures into the running Slurm job of RUN_DIR (and only that job): "
+        "exponential inter-arrival times at MTBF (training time), causes drawn from a published mix. Every "
+        "injection goes to RUN_DIR/chaos_ledger.jsonl; the report prints injected vs classified."))
+    p.add_argument("run_dir", help="the run directory (holds job_ledger.jsonl)")
+    p.add_argument("--mtbf", type=duration, required=True, help="mean time between faults, e.g. 120s, 5m")
+    p.add_argument("--mix", default="llama3", help=f"a preset ({', '.join(preset_names())}) or a YAML file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-count", type=int, default=10, help="at most this many faults (default 10)")
+    p.add_argument("--max-time", type=duration, default=3600.0, help="stop after this long (default 1h)")
+    p.add_argument("--repair", type=duration, default=60.0, help="a node taken down is resumed after (default 60s)")
+    p.add_argument("--job-id", default=None, help="the job, when RUN_DIR's ledger has no attempt yet")
+    p.add_argument("--rank", type=int, default=None, help="always this rank (default: drawn per fault)")
+    p.add_argument("--plan", action="store_true", help="print the stream the seed gives and exit (touches nothing)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        mix = load_mix(args.mix)
+        cfg = ChaosConfig(run_dir=args.run_dir, mtbf=args.mtbf, mix=args.mix, seed=args.seed,
+                          max_count=args.max_count, max_time=args.max_time, repair=args.repair, job_id=args.job_id,
+                          rank=args.rank)
+    except (ConfigError, ValueError) as err:
+        print(f"megatron_resilience chaos: {err}", file=sys.stderr)
+        return 2
+    if args.plan:
+        for item in plan(mix, seed=cfg.seed, mtbf=cfg.mtbf, count=cfg.max_count):
+            print(json.dumps({**asdict(item), "expected": list(FAULTS[item.fault].expected)}))
+        return 0
+    summary = Chaos(cfg, log=lambda m: print(m, flush=True)).run()
+    return 0 if summary["failed_injections"] == 0 else 1

@@ -1,0 +1,366 @@
+"""Every second of every attempt's allocation in exactly one bucket, and what each interruption cost.
+
+Input: the attempts' allocation windows (:class:`AttemptWindow`, built by :mod:`.report_inputs` from Slurm's
+record, the ledger, or the trainer's records for a local run), the trainer's ``metrics.jsonl`` records,
+and, when a chaos run injected them, the injected faults. Output: :class:`Accounting`, a list of spans
+that tile each window exactly (so the buckets sum to the allocated time by construction) plus one
+:class:`Interruption` per fault or preemption, each with its cost by bucket.
+
+How a window is painted (the vocabulary follows Google's ml-goodput-measurement where it has a word):
+
+1. fixed spans from timestamps the trainer wrote, highest priority first: checkpoint save stalls
+   (``checkpoint`` records: ``start_time`` + ``blocking_s``), evaluation (``eval`` records'
+   ``duration_s``), setup phases of every (re)start (``start`` record's ``setup`` marks: launch and
+   imports, distributed init, model and optimizer build -> ``startup``; dataset build ->
+   ``data_loading``; checkpoint load -> ``checkpoint_restore``), and around each fault: the work in
+   progress since the last sign of life (``wasted_progress``), fault -> noticed
+   (``failure_detection``), noticed -> the next start (``restart_inprocess`` / ``restart_process`` /
+   ``restart_job``);
+2. step compute (``train`` records: steps x ``step_time_s``), poured into the free time before each
+   record: the first run of a step is ``productive``; a step run again after a restart is
+   ``wasted_progress`` (it lies inside the interruption's recovery: fault -> first new step);
+3. whatever is left is ``other`` (logging, hooks, teardown, gaps no record explains).
+
+Each interruption owns the non-productive seconds from its fault (or the last sign of life before
+it) to the first new productive step after it, queue wait included (reported beside, not
+allocated): its cost, attributable to its classified cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_resilience.goodput.history import save_blocking
+from megatron_resilience.jobs.spans import PRODUCTIVE, Span, paint, pour
+
+BUCKETS = ("startup", "data_loading", "checkpoint_restore", "checkpoint_save", "wasted_progress",
+           "failure_detection", "restart_inprocess", "restart_process", "restart_job", "eval", "other")
+QUEUE = "queue_wait"
+RESTART_BUCKET = {"inprocess": "restart_inprocess", "process": "restart_process", "job": "restart_job",
+                  "preemption": "restart_job"}
+PLANNED = ("preempted", "system_cancel")  # attempt endings that are interruptions but not failures
+# setup marks (runtime/setup_timeline.py): the phase that ENDS at the mark; any other mark is startup
+MARK_BUCKETS = {"data": "data_loading", "checkpoint_load": "checkpoint_restore"}
+# priorities of fixed spans (higher wins where they overlap)
+_SAVE, _EVAL, _SETUP, _FAULT = 40, 30, 20, 10
+
+
+@dataclass
+class AttemptWindow:
+    """One allocation: a Slurm attempt (Start -> End) or a local run (launcher start -> last record)."""
+
+    index: int
+    start: float
+    end: float
+    job_id: str = "local"
+    restart: int = 0
+    ending: str = "finished"  # the error type that ended the attempt (its last cycle)
+    failure: bool = False  # the ending is a failure (classification mode set)
+    running: bool = False
+    cycle_endings: dict[int, str] = field(default_factory=dict)  # in-job cycle k (not the last) -> error type
+    detections: list[float] = field(default_factory=list)  # when the launcher logged noticing a failure
+    nodes: list[str] = field(default_factory=list)
+    decision: dict[str, Any] = field(default_factory=dict)  # the job-level decision after it (ledger)
+
+
+@dataclass
+class Interruption:
+    index: int
+    attempt: int
+    cycle: int
+    kind: str  # inprocess | process | job | preemption
+    cause: str  # classified error type
+    fault_time: float
+    fault_source: str  # injected | trainer | signal | last sign of life
+    last_alive: float
+    detected: float
+    restarted: float | None = None  # the next cycle's first training step began (Daly's R ends here)
+    resumed: float | None = None  # the first new productive step began (the cost ends here)
+    cost: dict[str, float] = field(default_factory=dict)  # allocated seconds by bucket
+    queue_wait: float = 0.0
+    restart_seconds: float | None = None  # allocated seconds fault -> restarted (R)
+    injection: dict[str, Any] | None = None
+
+    @property
+    def total(self) -> float:
+        return sum(self.cost.values())
+
+
+@dataclass
+class Accounting:
+    allocated: float = 0.0
+    productive: float = 0.0
+    badput: dict[str, float] = field(default_factory=lambda: {b: 0.0 for b in BUCKETS})
+    queue_wait: float = 0.0
+    spans: list[Span] = field(default_factory=list)
+    interruptions: list[Interruption] = field(default_factory=list)
+    by_cause: dict[str, dict[str, float]] = field(default_factory=dict)  # cause -> bucket -> seconds
+
+    @property
+    def goodput(self) -> float:
+        return self.productive / self.allocated if self.allocated > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"allocated": self.allocated, "productive": self.productive, "goodput": self.goodput,
+                "badput": dict(self.badput), "queue_wait": self.queue_wait, "by_cause": self.by_cause,
+                "interruptions": [{**vars(i), "total": i.total} for i in self.interruptions]}
+
+
+# --- the trainer's records -------------------------------------------------------------------------------------
+
+
+def train_windows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Train records with the steps each covers (the trainer logs every ``log_interval`` steps)."""
+    out, prev = [], None
+    for rec in records:
+        if rec.get("kind") == "start":
+            prev = rec.get("resumed_from", rec.get("step", 0)) or 0
+        elif rec.get("kind") == "train" and isinstance(rec.get("step"), int):
+            first = (prev if prev is not None else rec["step"] - 1) + 1
+            n = max(1, rec["step"] - first + 1)
+            out.append({**rec, "_steps": n, "_first": first, "_seconds": float(rec.get("step_time_s") or 0.0) * n})
+            prev = rec["step"]
+    return out
+
+
+def _t(rec: dict[str, Any]) -> float:
+    return float(rec.get("time") or 0.0)
+
+
+@dataclass
+class _Cycle:
+    index: int
+    start: dict[str, Any]
+    records: list[dict[str, Any]]
+    inprocess: int = 0  # the in-process restart iteration this cycle is (0: a fresh process)
+    own_start: float = 0.0  # where this cycle's own setup begins
+    last_alive: float = 0.0
+
+
+def _cycles(mine: list[dict[str, Any]]) -> list[_Cycle]:
+    cycles: list[_Cycle] = []
+    for rec in mine:
+        if rec.get("kind") == "start":
+            attempt = rec.get("attempt") if isinstance(rec.get("attempt"), dict) else {}
+            cycles.append(_Cycle(len(cycles), rec, [], inprocess=int(attempt.get("inprocess_restart") or 0)))
+        elif cycles:
+            cycles[-1].records.append(rec)
+    for c in cycles:
+        c.last_alive = max([_t(c.start)] + [_t(r) for r in c.records])
+    return cycles
+
+
+# --- one attempt -------------------------------------------------------------------------------------------------
+
+
+def _setup_items(c: _Cycle, begin: float) -> list[tuple]:
+    """The cycle's setup phases from ``begin`` to its ``start`` record, by the marks the trainer wrote."""
+    setup = c.start.get("setup") if isinstance(c.start.get("setup"), dict) else {}
+    marks = [(name, float(t)) for name, t in (setup.get("marks") or {}).items() if isinstance(t, (int, float))]
+    items, prev = [], begin
+    for name, t in sorted(marks, key=lambda m: m[1]):
+        if t > prev:
+            items.append((prev, min(t, _t(c.start)), _SETUP, MARK_BUCKETS.get(name, "startup"), c.index, None))
+            prev = min(t, _t(c.start))
+    if _t(c.start) > prev:
+        items.append((prev, _t(c.start), _SETUP, "startup", c.index, None))
+    return items
+
+
+def _own_start(c: _Cycle, floor: float) -> float:
+    """Where a fresh process's setup begins: its launcher's or its own creation (not before ``floor``)."""
+    setup = c.start.get("setup") if isinstance(c.start.get("setup"), dict) else {}
+    t = setup.get("launcher_start") if c.index == 0 else None
+    t = t if isinstance(t, (int, float)) else setup.get("process_start")
+    t = float(t) if isinstance(t, (int, float)) else _t(c.start)
+    return min(max(t, floor), _t(c.start))
+
+
+def _first_mark_after(c: _Cycle, t: float) -> float:
+    setup = c.start.get("setup") if isinstance(c.start.get("setup"), dict) else {}
+    later = [float(v) for v in (setup.get("marks") or {}).values() if isinstance(v, (int, float)) and v >= t]
+    return min(later + [_t(c.start)])
+
+
+def _injection_in(injections: list[dict[str, Any]], begin: float, end: float) -> dict[str, Any] | None:
+    found = [i for i in injections if begin <= float(i.get("time") or 0) <= end]
+    return found[-1] if found else None
+
+
+def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict[str, Any]],
+             inprocess: dict[int, dict[str, Any]], acc: Accounting, done: list[int]) -> list[Span]:
+    cycles = _cycles(mine)
+    items: list[tuple] = []
+    segments: list[tuple[float, float, float, float, int]] = []
+    if not cycles:  # the trainer never started in this window: all of it is startup (or a failed start)
+        if w.failure or w.ending in PLANNED:
+            acc.interruptions.append(Interruption(len(acc.interruptions), w.index, 0, _kind_of_ending(w), w.ending,
+                                                  w.start, "last sign of life", w.start, w.start))
+            items.append((w.start, w.end, _FAULT, RESTART_BUCKET[_kind_of_ending(w)], 0, None))
+        else:
+            items.append((w.start, w.end, _SETUP, "startup", 0, None))
+        return [_attach(s, w.index) for s in paint(w.start, w.end, items)]
+    floor = w.start
+    for c in cycles:
+        if c.inprocess and c.index > 0:
+            c.own_start = max(floor, min(_first_mark_after(c, floor), _t(c.start)))
+        else:
+            c.own_start = _own_start(c, floor)
+        if c.index == 0 and c.own_start > w.start:
+            items.append((w.start, c.own_start, _SETUP, "startup", 0, None))  # launch: batch script, srun, launcher
+        items += _setup_items(c, c.own_start)
+        for rec in c.records:
+            kind = rec.get("kind")
+            if kind == "checkpoint" and rec.get("start_time") is not None and save_blocking(rec) is not None:
+                begin = float(rec["start_time"])
+                items.append((begin, begin + save_blocking(rec), _SAVE, "checkpoint_save", c.index, None))
+            elif kind == "eval" and rec.get("duration_s") is not None:
+                items.append((_t(rec) - float(rec["duration_s"]), _t(rec), _EVAL, "eval", c.index, None))
+        anchor = _t(c.start)
+        for win in train_windows([c.start] + c.records):
+            wasted = sum(1 for s in range(win["_first"], win["step"] + 1) if s <= done[0])
+            per_step = win["_seconds"] / win["_steps"]
+            segments.append((anchor, _t(win), per_step * (win["_steps"] - wasted), per_step * wasted, c.index))
+            done[0] = max(done[0], win["step"])
+            anchor = _t(win)
+        nxt = cycles[c.index + 1] if c.index + 1 < len(cycles) else None
+        if nxt is not None:
+            kind = "inprocess" if nxt.inprocess > c.inprocess else "process"
+            rec = inprocess.get(nxt.inprocess) if kind == "inprocess" else None
+            cause = w.cycle_endings.get(c.index) or (rec or {}).get("cause") or "unknown"
+            boundary = _own_start(nxt, c.last_alive) if kind == "process" else None
+            floor = _fault(w, c, kind, cause, injections, rec, boundary, nxt, acc, items)
+        elif not w.running and (w.failure or w.ending in PLANNED):
+            _fault(w, c, _kind_of_ending(w), w.ending, injections, None, w.end, None, acc, items)
+    spans = pour(paint(w.start, w.end, items), segments)
+    for s in spans:
+        if s.bucket is None:
+            s.bucket = "other"
+    return [_attach(s, w.index) for s in spans]
+
+
+def _kind_of_ending(w: AttemptWindow) -> str:
+    return "preemption" if w.ending in PLANNED and not w.failure else "job"
+
+
+def _fault(w: AttemptWindow, c: _Cycle, kind: str, cause: str, injections: list[dict[str, Any]],
+           inprocess_rec: dict[str, Any] | None, boundary: float | None, nxt: _Cycle | None, acc: Accounting,
+           items: list[tuple]) -> float:
+    """Paint how cycle ``c`` ended (work lost, detection, restart) and record the interruption.
+
+    Returns where the next cycle's own setup may begin."""
+    last = c.last_alive
+    limit = boundary if boundary is not None else (_t(nxt.start) if nxt is not None else w.end)
+    injected = _injection_in(injections, c.own_start, limit)
+    signal = next((r for r in c.records if r.get("kind") == "signal"), None)
+    if injected is not None:
+        fault, source = float(injected["time"]), "injected"
+    elif inprocess_rec and isinstance(inprocess_rec.get("fault_time"), (int, float)):
+        fault, source = float(inprocess_rec["fault_time"]), "trainer"
+    elif kind == "preemption" and signal is not None:
+        fault = float(signal.get("first_received_time") or signal.get("received_time") or last)
+        source = "signal"
+    else:
+        fault, source = last, "last sign of life"
+    fault = min(max(fault, _t(c.start)), limit)
+    if kind == "inprocess":
+        noticed = inprocess_rec.get("detected_time") if inprocess_rec else None
+        if not isinstance(noticed, (int, float)):
+            noticed = min(float((inprocess_rec or {}).get("time") or limit), _first_mark_after(nxt, fault))
+        detected = min(max(float(noticed), fault, last), limit)
+    elif kind == "preemption":
+        detected = min(max(fault, last), limit)
+    else:
+        seen = [t for t in w.detections if fault - 2.0 <= t <= limit]
+        detected = min(max([fault, last] + ([min(seen)] if seen else [])), limit)
+    if nxt is not None and kind == "inprocess":
+        boundary = max(detected, min(_first_mark_after(nxt, detected), _t(nxt.start)))
+    boundary = limit if boundary is None else boundary
+    index = len(acc.interruptions)
+    if fault > last:
+        items.append((last, fault, _FAULT, "wasted_progress", c.index, index))
+    if detected > max(fault, last):
+        items.append((max(fault, last), detected, _FAULT, "failure_detection", c.index, index))
+    if boundary > max(detected, last):
+        items.append((max(detected, last), boundary, _FAULT, RESTART_BUCKET[kind], c.index, index))
+    acc.interruptions.append(Interruption(index, w.index, c.index, kind, cause, fault, source, last, detected,
+                                          injection=injected))
+    return boundary
+
+
+def _attach(span: Span, attempt: int) -> Span:
+    span.attempt = attempt
+    return span
+
+
+# --- the whole run -----------------------------------------------------------------------------------------------
+
+
+def account(windows: list[AttemptWindow], records: list[dict[str, Any]],
+            injections: list[dict[str, Any]] | None = None) -> Accounting:
+    """The accounting of a run: its attempts' windows (allocation), the trainer's records, injected faults."""
+    acc = Accounting()
+    injections = sorted(injections or [], key=_t)
+    records = sorted((r for r in records if r.get("time") is not None), key=_t)
+    inprocess = {int(r.get("iteration") or 0): r for r in records if r.get("kind") == "inprocess_restart"}
+    done = [0]  # the highest step run so far (a step run again is wasted progress)
+    previous_end = None
+    for w in sorted(windows, key=lambda w: w.start):
+        if previous_end is not None and w.start > previous_end:
+            acc.spans.append(Span(previous_end, w.start, QUEUE))
+            acc.queue_wait += w.start - previous_end
+        mine = [r for r in records if w.start <= _t(r) <= w.end and r.get("kind") != "inprocess_restart"]
+        acc.spans += _attempt(w, mine, injections, inprocess, acc, done)
+        acc.allocated += w.end - w.start
+        previous_end = w.end if previous_end is None else max(previous_end, w.end)
+    _charge_interruptions(acc)
+    for s in acc.spans:
+        if s.bucket == PRODUCTIVE:
+            acc.productive += s.seconds
+        elif s.bucket in acc.badput:
+            acc.badput[s.bucket] += s.seconds
+        if s.bucket != PRODUCTIVE:
+            cause = acc.interruptions[s.interruption].cause if s.interruption is not None else "-"
+            row = acc.by_cause.setdefault(cause, {})
+            row[s.bucket] = row.get(s.bucket, 0.0) + s.seconds
+    return acc
+
+
+def _charge_interruptions(acc: Accounting) -> None:
+    """Tag every non-productive second from each fault to the first new productive step after it."""
+    spans = acc.spans
+    firsts = [s for s in spans if s.bucket in (PRODUCTIVE, "wasted_progress") and s.cycle is not None]
+    for k, intr in enumerate(acc.interruptions):
+        begin = min(intr.fault_time, intr.last_alive)
+        same = (intr.attempt, intr.cycle)
+        after = [s for s in firsts if (s.attempt, s.cycle) > same and s.start >= intr.detected]
+        intr.restarted = after[0].start if after else None
+        new = [s for s in after if s.bucket == PRODUCTIVE]
+        intr.resumed = new[0].start if new else None
+        end = intr.resumed if intr.resumed is not None else max(s.end for s in spans)
+        if k + 1 < len(acc.interruptions):
+            nxt = acc.interruptions[k + 1]
+            end = min(end, min(nxt.fault_time, nxt.last_alive))
+        out: list[Span] = []
+        for s in spans:
+            if s.bucket == PRODUCTIVE or s.end <= begin or s.start >= end or \
+                    (s.interruption is not None and s.interruption != k):
+                out.append(s)
+                continue
+            for a, b, mine in ((s.start, max(s.start, begin), False), (max(s.start, begin), min(s.end, end), True),
+                               (min(s.end, end), s.end, False)):
+                if b > a:
+                    out.append(Span(a, b, s.bucket, s.attempt, s.cycle, k if mine else s.interruption))
+        spans = out
+    acc.spans = spans
+    for intr in acc.interruptions:
+        mine = [s for s in spans if s.interruption == intr.index]
+        for s in mine:
+            if s.bucket == QUEUE:
+                intr.queue_wait += s.seconds
+            else:
+                intr.cost[s.bucket] = intr.cost.get(s.bucket, 0.0) + s.seconds
+        if intr.restarted is not None:
+            intr.restart_seconds = sum(min(s.end, intr.restarted) - max(s.start, intr.fault_time) for s in spans
+                                       if s.bucket != QUEUE and s.end > intr.fault_time and s.start < intr.restarted)

@@ -1,0 +1,95 @@
+"""The chaos benchmark's short form on the real multi-node cluster: three injected faults, invariants only.
+
+``benchmarks/chaos.py`` runs as a user would run it (``--intervals young_daly``, the ``off`` variant) with the
+short mix (``chaos_short_mix.yaml``: a rank killed with an Xid line, a maintenance preemption, a node failure)
+and a seed whose first three faults are one of each: the real trainer under ft_launcher through NeMo-Run's
+``SlurmExecutor`` with FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin(megatron_transient), the
+watcher and the chaos stream, and an uninterrupted reference on the default cluster. Asserted: the chain
+finished by itself, every injected fault was classified as its kind, the failed node was excluded, the
+buckets sum to the allocated time, each attempt's allocation is Slurm's (sacct Start -> End), and the losses
+equal the reference's bitwise. Never how long anything took (that is the benchmark's table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron_resilience.chaos.mix import load_mix
+from megatron_resilience.chaos.runner import plan
+from megatron_resilience.jobs.report_inputs import parse_slurm_time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+MIX = os.path.join(HERE, "chaos_short_mix.yaml")
+# Seed 6 gives 4.7 + 4.3 + 3.3 s of training between the faults; 250 steps of >= 50 ms (--step-delay) cover it.
+MTBF, STEPS = 3, 250
+
+
+def seed_with_one_of_each() -> int:
+    mix = load_mix(MIX)
+    one_of_each = ["gpu_xid", "node_down", "preempt"]
+    return next(s for s in range(1000) if sorted(p.fault for p in plan(mix, seed=s, mtbf=MTBF, count=3)) == one_of_each)
+
+
+@pytest.fixture(scope="module")
+def short(multinode_cluster, slurm_cluster, slurm_tmp):
+    out = os.path.join(slurm_tmp, "chaos_short")
+    path = os.path.join(out, "chaos.json")
+    env = {k: v for k, v in multinode_cluster.env.items() if not k.startswith("MR_SLURM_")}
+    env.pop("NEMORUN_HOME", None)  # the benchmark keeps its own under --out
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), "--intervals", "young_daly",
+                           "--mix", MIX, "--seed", str(seed_with_one_of_each()), "--mtbf", str(MTBF),
+                           "--max-count", "3", "--steps", str(STEPS), "--step-delay", "0.05", "--repair", "20",
+                           "--job-minutes", "15", "--out", out, "--json", path],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    with open(path) as f:
+        data = json.load(f)
+    [run] = data["runs"]
+    return {"run": run, "data": data, "stdout": proc.stdout, "cluster": multinode_cluster}
+
+
+def test_every_injected_fault_is_classified_as_its_kind_and_the_failed_node_is_excluded(short):
+    run = short["run"]
+    assert run["final"] == "training finished after 3 attempt(s)", short["stdout"][-4000:]
+    injected = run["report"]["injected"]
+    rows = injected["injections"]
+    assert sorted(r["fault"] for r in rows) == ["gpu_xid", "node_down", "preempt"]
+    assert injected["all_classified"], rows
+    assert {r["fault"]: r["classified"] for r in rows} == {"gpu_xid": "xid_error", "preempt": "preempted",
+                                                          "node_down": "node_fail"}
+    [down] = [r for r in rows if r["fault"] == "node_down"]
+    assert down["exclusion_requested"] == [down["node"]] and down["node"] in injected["excluded_nodes"]
+    kinds = sorted(i["kind"] for i in run["report"]["accounting"]["interruptions"])
+    assert kinds == ["job", "preemption", "process"]  # in-job restart, requeue after a save, requeue after NODE_FAIL
+
+
+def test_the_buckets_sum_to_slurms_allocation(short):
+    run = short["run"]
+    acc = run["report"]["accounting"]
+    assert run["sum_error_s"] < 1e-6
+    assert acc["productive"] + sum(acc["badput"].values()) == pytest.approx(acc["allocated"], abs=1e-6)
+    windows = run["report"]["windows"]
+    assert len(windows) == 3
+    env = {**os.environ, "SLURM_CONF": short["cluster"].slurm_conf}
+    sacct = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", run["job"], "-o", "Start,End"], env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert len(sacct) == 3
+    for window, line in zip(windows, sacct):
+        start, end = (parse_slurm_time(t) for t in line.split("|"))
+        assert window["start"] == start  # the allocation is Slurm's, not the batch script's or the watcher's
+        assert end <= window["end"] <= end + 1  # sacct has whole seconds; the window covers the trainer's records
+    assert sum(w["end"] - w["start"] for w in windows) == pytest.approx(acc["allocated"], abs=1e-6)
+    assert acc["badput"]["restart_job"] > 0 and acc["badput"]["restart_process"] >= 0
+    assert acc["queue_wait"] > 0  # two requeues: reported beside, not allocated
+
+
+def test_losses_equal_an_uninterrupted_run_bitwise(short):
+    run = short["run"]
+    assert run["steps"] == STEPS and short["data"]["reference"]["steps"] == STEPS
+    assert run["losses_equal_reference"]

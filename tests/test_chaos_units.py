@@ -1,0 +1,141 @@
+"""Chaos without a cluster: the seeded stream, the mixes and their checks, and a rank-level injection into a real
+process that looks like a job's rank (its environment names the job, the node and the rank). The same code
+against a real Slurm job is in tests/slurm/test_chaos_on_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from megatron_resilience.chaos import on_node
+from megatron_resilience.chaos.cli import duration, main
+from megatron_resilience.chaos.faults import FAULTS
+from megatron_resilience.chaos.mix import load_mix
+from megatron_resilience.chaos.runner import ChaosConfig, plan
+from megatron_resilience.config._validate import ConfigError
+
+
+def test_llama3_mix_is_the_papers_table_with_its_source():
+    mix = load_mix("llama3")
+    assert sum(c.count for c in mix.causes) == 419 and len(mix.causes) == 18
+    assert (mix.causes[0].cause, mix.causes[0].count, mix.causes[0].percent, mix.causes[0].fault) == \
+        ("Faulty GPU", 148, 30.1, "gpu_xid")
+    assert "arXiv:2407.21783" in mix.source and "Table 5" in mix.source
+    weights = mix.weights_by_fault()
+    assert weights["python_bug"] == pytest.approx(56 / 419)
+    assert weights["gpu_xid"] + weights["gpu_ecc"] + weights["nan"] == pytest.approx((148 + 17 + 6 + 72 + 19 + 6) / 419)
+    recoverable = load_mix("llama3_recoverable")
+    assert recoverable.excluded == ("python_bug",) and sum(c.count for c in recoverable.causes) == 363
+    assert "python_bug" not in recoverable.weights_by_fault() and recoverable.source == mix.source
+    assert set(recoverable.weights_by_fault()) == set(FAULTS) - {"python_bug"}
+    local = load_mix("llama3_local_cluster")  # the acceptance run's on the one-machine cluster: no SDC either
+    assert local.excluded == ("python_bug", "nan") and sum(c.count for c in local.causes) == 357
+    assert set(local.weights_by_fault()) == {"gpu_xid", "gpu_ecc", "rank_hang", "preempt", "node_down"}
+
+
+def test_the_seed_alone_decides_the_stream():
+    mix = load_mix("llama3")
+    a, b = plan(mix, seed=7, mtbf=120, count=50), plan(mix, seed=7, mtbf=120, count=50)
+    assert a == b and plan(mix, seed=8, mtbf=120, count=50) != a
+    assert plan(mix, seed=7, mtbf=120, count=5) == a[:5]  # a longer run meets the same first faults
+    mean = sum(p.delay for p in plan(mix, seed=1, mtbf=120, count=4000)) / 4000
+    assert mean == pytest.approx(120, rel=0.05)  # exponential inter-arrival times at the MTBF
+
+
+def test_bad_mixes_and_arguments_name_the_key(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsource: s\ncauses:\n  - {cause: c, count: 0, fault: gpu_xid}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: causes\[0\].count: must be an integer >= 1, got 0"):
+        load_mix(str(bad))
+    bad.write_text("name: x\nsource: s\ncauses:\n  - {cause: c, count: 3, fault: cosmic_ray}\n")
+    with pytest.raises(ConfigError, match=r"causes\[0\].fault: must be one of \['gpu_ecc', 'gpu_xid', 'nan', "):
+        load_mix(str(bad))
+    bad.write_text("name: x\ncauses:\n  - {cause: c, count: 3, fault: nan}\n")
+    with pytest.raises(ConfigError, match="source: must say where the numbers come from"):
+        load_mix(str(bad))
+    with pytest.raises(ConfigError, match="is neither a preset"):
+        load_mix("llama4")
+    assert (duration("120s"), duration("2m"), duration("1.5h"), duration("30")) == (120, 120, 5400, 30)
+    with pytest.raises(ValueError, match="chaos --mtbf: must be a finite number > 0"):
+        ChaosConfig(run_dir=str(tmp_path), mtbf=0)
+    assert main([str(tmp_path / "missing"), "--mtbf", "60s"]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    assert main([str(tmp_path), "--mtbf", "60s", "--seed", "7", "--max-count", "3", "--plan"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [p["fault"] for p in lines] == [p.fault for p in plan(load_mix("llama3"), seed=7, mtbf=60, count=3)]
+    assert all(p["expected"] == list(FAULTS[p["fault"]].expected) for p in lines)
+    assert not os.path.exists(tmp_path / "chaos_ledger.jsonl")  # --plan touches nothing
+
+
+def _fake_rank(tmp_path, *, job: str, node: str, rank: int):
+    """A python process with a rank's environment; its stderr goes to a file, as a job step's does."""
+    err = open(tmp_path / f"rank{rank}.err", "w")
+    env = {**os.environ, "SLURM_JOB_ID": job, "SLURMD_NODENAME": node, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env, stderr=err)
+    return proc, tmp_path / f"rank{rank}.err"
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_rank_fault_finds_the_jobs_rank_on_the_node_logs_the_line_and_kills_it(tmp_path):
+    job, other_job = f"{os.getpid()}42", f"{os.getpid()}43"  # no other test's process has these
+    ranks = [_fake_rank(tmp_path, job=job, node="mn3", rank=r) for r in (0, 1)]
+    other = _fake_rank(tmp_path, job=other_job, node="mn3", rank=0)  # another job's rank: never touched
+    try:
+        deadline = time.monotonic() + 30
+        while len(on_node.rank_processes(job, "mn3")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = on_node.rank_processes(job, "mn3")
+        assert [(p["rank"], p["pid"]) for p in found] == [(0, ranks[0][0].pid), (1, ranks[1][0].pid)]
+        assert "pytest" in found[0]["parent"] or "python" in found[0]["parent"]  # no launcher here: this test
+        assert on_node.rank_processes(job, "mn1") == []  # another node's processes are not this node's
+        result = on_node.inject(job, "gpu_xid", node="mn3", seed=0, rank=1)
+        assert result["ok"] and (result["rank"], result["pid"], result["signal"]) == (1, ranks[1][0].pid, "SIGKILL")
+        assert ranks[1][0].wait(timeout=30) == -signal.SIGKILL
+        text = ranks[1][1].read_text()
+        assert text == (f"mn3 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid={ranks[1][0].pid}, name=python, GPU has "
+                        "fallen off the bus.\n")
+        hang = on_node.inject(job, "rank_hang", node="mn3", seed=0)
+        assert hang["ok"] and hang["rank"] == 0 and hang["lines"] == []
+        deadline = time.monotonic() + 30
+        while _state(ranks[0][0].pid) != "T" and time.monotonic() < deadline:  # the signal takes a moment
+            time.sleep(0.05)
+        assert _state(ranks[0][0].pid) == "T"  # stopped
+        assert ranks[0][0].poll() is None and other[0].poll() is None
+        assert not on_node.inject(job, "gpu_ecc", node="mn9", seed=0)["ok"]
+    finally:
+        for proc, _ in ranks + [other]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_nemo_megatron_resilience_chaos_is_the_same_command(tmp_path):
+    """``nemo megatron_resilience chaos RUN key=value ...`` through NeMo-Run's CLI: the seeded plan, nothing touched."""
+    import contextlib
+    import io
+
+    from nemo_run.cli.api import create_cli
+
+    import megatron_resilience.recipes.cli  # noqa: F401  (registers the namespace's commands)
+
+    argv = ["nemo", "megatron_resilience", "chaos", str(tmp_path), "mtbf=60s", "seed=7", "max_count=3", "plan=true"]
+    out = io.StringIO()
+    saved, sys.argv = sys.argv, argv
+    try:
+        with contextlib.redirect_stdout(out):
+            code = create_cli()(args=argv[1:], standalone_mode=False)
+    finally:
+        sys.argv = saved
+    assert not code
+    faults = [json.loads(line)["fault"] for line in out.getvalue().splitlines() if line.startswith("{")]
+    assert faults == [p.fault for p in plan(load_mix("llama3"), seed=7, mtbf=60, count=3)]

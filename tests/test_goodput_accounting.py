@@ -1,0 +1,335 @@
+"""The report's accounting, bucket by bucket, against runs whose seconds per phase are known.
+
+Each scenario is a synthetic ``metrics.jsonl`` (the trainer's record kinds, documented in
+``runtime/metrics.py``) and, for Slurm chains, a synthetic ``job_ledger.jsonl`` and chaos ledger, with
+every phase's seconds chosen by hand; the expected buckets are worked out in the comments. The
+demo's real numbers are checked in ``test_examples.py``, a real Slurm chain's in ``tests/slurm``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from megatron_resilience.goodput import daly
+from megatron_resilience.jobs import report
+from megatron_resilience.jobs.accounting import BUCKETS, PRODUCTIVE, QUEUE, AttemptWindow, account
+
+T0 = 1_800_000_000.0
+
+
+def start(t, *, step=0, resumed_from=None, process_start=None, marks=None, launcher_start=None, job_id=None,
+          restart=0, in_job=0, inprocess=None, world_size=1):
+    attempt = {"slurm_restart": restart, "in_job_restart": in_job, "job_id": job_id}
+    if inprocess is not None:
+        attempt["inprocess_restart"] = inprocess
+    setup = {"process_start": None if process_start is None else T0 + process_start,
+             "marks": {k: T0 + v for k, v in (marks or {}).items()}}
+    if launcher_start is not None:
+        setup["launcher_start"] = T0 + launcher_start
+    return {"kind": "start", "step": step, "resumed": resumed_from is not None, "resumed_from": resumed_from,
+            "attempt": attempt, "world_size": world_size, "tp": 1, "pp": 1, "dp": world_size, "setup": setup,
+            "time": T0 + t}
+
+
+def steps(first, last, *, at, every, step_time):
+    """Train records of steps first..last, the first at ``at``, then every ``every`` s (log_interval 1)."""
+    return [{"kind": "train", "step": s, "loss": 1.0 / s, "step_time_s": step_time, "tokens_per_s": 1000.0,
+             "time": T0 + at + every * (s - first)} for s in range(first, last + 1)]
+
+
+def save(step, begin, blocking, reason="interval"):
+    return {"kind": "checkpoint", "step": step, "reason": reason, "async": False, "start_time": T0 + begin,
+            "blocking_s": blocking, "durable_time": T0 + begin + blocking, "time": T0 + begin + blocking}
+
+
+def buckets(acc) -> dict[str, float]:
+    """The non-empty buckets (epoch floats near 1.8e9 carry ~1e-7 s of rounding)."""
+    return {k: v for k, v in acc.badput.items() if v > 1e-5}
+
+
+def approx(expected: dict[str, float]):
+    return pytest.approx(expected, abs=1e-5)
+
+
+def assert_tiles(acc) -> None:
+    """The spans tile the allocation: no gap, no overlap, and they sum to it."""
+    allocated = sorted((s for s in acc.spans if s.bucket != QUEUE), key=lambda s: s.start)
+    for a, b in zip(allocated, allocated[1:]):
+        assert b.start >= a.end - 1e-9, (a, b)
+    assert sum(s.seconds for s in allocated) == pytest.approx(acc.allocated, abs=1e-6)
+    assert acc.productive + sum(acc.badput.values()) == pytest.approx(acc.allocated, abs=1e-6)
+
+
+# One attempt of 60 s: setup, 6 steps with a save and an eval, a hang injected at 31 s that the launcher notices at
+# 36 s, a new process at 38 s that resumes from step 4 and re-runs 5-6, then 7-10 and a final save.
+HANG_RUN = [
+    start(17, process_start=2, launcher_start=0, marks={"entered": 4, "imports": 10, "distributed": 11, "model": 12,
+                                                         "optimizer": 13, "data": 15, "checkpoint_load": 16}),
+    *steps(1, 4, at=19, every=2, step_time=1.5),
+    save(4, 25.0, 0.4),
+    *steps(5, 6, at=27, every=2, step_time=1.5),
+    {"kind": "eval", "step": 6, "eval_loss": 2.0, "duration_s": 0.8, "time": T0 + 30.0},
+    start(46, step=4, resumed_from=4, process_start=38, in_job=1,
+          marks={"entered": 39, "imports": 42, "distributed": 43, "model": 43.5, "optimizer": 44, "data": 44.5,
+                 "checkpoint_load": 45.5}),
+    *steps(5, 10, at=48, every=2, step_time=1.5),
+    save(10, 58.1, 0.3, reason="finished"),
+    {"kind": "end", "step": 10, "reason": "finished", "exit_code": 0, "time": T0 + 58.5},
+]
+
+
+def test_every_bucket_of_an_in_job_restart_after_an_injected_hang():
+    window = AttemptWindow(index=0, start=T0, end=T0 + 60, ending="finished", cycle_endings={0: "hang"},
+                           detections=[T0 + 36.0])
+    acc = account([window], HANG_RUN, [{"time": T0 + 31.0, "fault": "hang", "expected": ["hang"]}])
+    assert_tiles(acc)
+    assert acc.allocated == 60
+    # productive: steps 1-6 and 7-10 once each, 1.5 s each; steps 5-6 run again after the restart are wasted
+    assert acc.productive == pytest.approx(15.0)
+    assert buckets(acc) == approx({
+        # launch 2 (launcher -> process), process start -> imports 8, -> distributed 1, -> model 1, -> optimizer 1,
+        # checkpoint_load -> start record 1; second process: 1 + 3 + 1 + 0.5 + 0.5 + 0.5
+        "startup": 14.0 + 6.5,
+        "data_loading": 2.0 + 0.5,  # optimizer -> data marks
+        "checkpoint_restore": 1.0 + 1.0,  # data -> checkpoint_load marks
+        "checkpoint_save": 0.4 + 0.3,  # the records' blocking_s
+        "wasted_progress": 1.0 + 3.0,  # last sign of life (30) -> fault (31), and steps 5-6 re-run
+        "failure_detection": 5.0,  # fault (31) -> the launcher's detection line (36)
+        "restart_process": 2.0,  # detection -> the new process (38)
+        "eval": 0.8,
+        "other": 7.5,  # 0.5 s between steps (0.1 beside the save), 0.2 before the eval, teardown 1.6
+    })
+    [hang] = acc.interruptions
+    assert (hang.kind, hang.cause, hang.fault_source, hang.fault_time, hang.detected) == \
+        ("process", "hang", "injected", T0 + 31, T0 + 36)
+    # cost: last sign of life (30) -> first new productive step (step 7 begins at 50.5), nothing productive inside
+    assert hang.resumed == pytest.approx(T0 + 50.5) and hang.total == pytest.approx(20.5)
+    assert hang.cost == approx({
+        "wasted_progress": 4.0, "failure_detection": 5.0, "restart_process": 2.0, "startup": 6.5,
+        "data_loading": 0.5, "checkpoint_restore": 1.0, "other": 1.5})
+    # Daly's R: fault -> the first step of the next cycle (step 5's re-run begins at 46.5)
+    assert hang.restart_seconds == pytest.approx(15.5)
+    assert sum(acc.by_cause["hang"].values()) == pytest.approx(20.5)
+    assert sum(acc.by_cause["-"].values()) == pytest.approx(60 - 15 - 20.5)
+
+
+def test_wasted_progress_is_drawn_where_the_steps_were_run_again():
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 60, cycle_endings={0: "hang"})], HANG_RUN)
+    wasted = [(round(s.start - T0, 6), round(s.end - T0, 6)) for s in acc.spans if s.bucket == "wasted_progress"]
+    # no injection: the fault is the last sign of life, so no lost work in progress; the re-runs of steps 5 and 6
+    assert wasted == [(46.5, 48.0), (48.5, 50.0)]
+    first_runs = [(round(s.start - T0, 6), round(s.end - T0, 6)) for s in acc.spans
+                  if s.bucket == PRODUCTIVE and s.start < T0 + 30]
+    assert first_runs[-2:] == [(25.5, 27.0), (27.5, 29.0)]  # their first runs stay productive
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def preempted_chain(tmp_path):
+    """Attempt 0 (0-20 s) is preempted: signal at 13.2 s, save 13.6-14.6, end 15; queue 20-32; attempt 1 (32-50)
+    resumes from step 8 and finishes. A chaos run injected the preemption at 13.1 s."""
+    metrics = [
+        start(5, process_start=1, marks={"imports": 3, "checkpoint_load": 4}, job_id="100"),
+        *steps(1, 8, at=6, every=1, step_time=0.8),
+        {"kind": "signal", "signal": "SIGTERM", "received_time": T0 + 13.2, "first_received_time": T0 + 13.2,
+         "step": 8, "time": T0 + 13.5},
+        save(8, 13.6, 1.0, reason="signal"),
+        {"kind": "end", "step": 8, "reason": "signal", "exit_code": 0, "time": T0 + 15.0},
+        start(36, step=8, resumed_from=8, process_start=33, marks={"imports": 35, "checkpoint_load": 35.5},
+              job_id="100", restart=1),
+        *steps(9, 12, at=37, every=1, step_time=0.8),
+        save(12, 40.1, 0.5, reason="finished"),
+        {"kind": "end", "step": 12, "reason": "finished", "exit_code": 0, "time": T0 + 41.0},
+    ]
+    ledger = [
+        {"kind": "attempt_start", "job_id": "100", "slurm_restart": 0, "nodes": "n1", "time": T0},
+        {"kind": "attempt", "by": "batch", "job_id": "100", "slurm_restart": 0, "start": T0, "end": T0 + 20,
+         "nodes": ["n1"], "exit_code": 0, "classification": {"error_type": "preempted", "mode": None,
+                                                              "source": "stop_reason"},
+         "decision": {"action": "requeue"}, "cycles": [{"cycle": 0, "resumed_from": None, "last_step": 8}],
+         "policy": "megatron_transient", "time": T0 + 20},
+        {"kind": "attempt_start", "job_id": "100", "slurm_restart": 1, "nodes": "n2", "time": T0 + 32},
+        {"kind": "attempt", "by": "batch", "job_id": "100", "slurm_restart": 1, "start": T0 + 32, "end": T0 + 50,
+         "nodes": ["n2"], "exit_code": 0, "classification": {"error_type": "finished", "mode": None,
+                                                             "source": "stop_reason"},
+         "decision": {"action": "stop", "outcome": "finished"}, "cycles": [{"cycle": 0, "resumed_from": 8,
+                                                                           "last_step": 12}],
+         "policy": "megatron_transient", "time": T0 + 50},
+        {"kind": "final", "outcome": "finished", "message": "training finished after 2 attempt(s)", "time": T0 + 50},
+    ]
+    write_jsonl(tmp_path / "metrics.jsonl", metrics)
+    write_jsonl(tmp_path / "job_ledger.jsonl", ledger)
+    write_jsonl(tmp_path / "chaos_ledger.jsonl", [
+        {"kind": "injection", "fault": "preempt", "cause": "Host maintenance", "expected": ["preempted"],
+         "job_id": "100", "slurm_restart": 0, "node": "n1", "time": T0 + 13.1}])
+    return tmp_path
+
+
+def test_a_preemptions_recovery_is_its_own_cost_signal_to_first_new_step(tmp_path):
+    run = report.build(str(preempted_chain(tmp_path)), slurm_lookup=False)
+    acc = run.accounting
+    assert_tiles(acc)
+    assert acc.allocated == pytest.approx(38.0) and acc.queue_wait == pytest.approx(12.0)
+    assert acc.productive == pytest.approx(12 * 0.8)
+    assert buckets(acc) == approx({
+        "startup": 1 + 2 + 1 + 1 + 2 + 0.5,  # launch (0-1), 1-3, checkpoint_load -> start; launch 32-33, 33-35, ->36
+        "checkpoint_restore": 1.0 + 0.5,
+        "checkpoint_save": 1.0 + 0.5,
+        "restart_job": 5.0,  # the preempted trainer's end (15) -> the attempt's end (20)
+        "other": 38 - 9.6 - 7.5 - 1.5 - 1.5 - 5.0,
+    })
+    [p] = acc.interruptions
+    assert (p.kind, p.cause, p.fault_source, p.fault_time) == ("preemption", "preempted", "injected", T0 + 13.1)
+    # 13.1 -> step 9's start (36.2): 0.5 other + 1.0 save + 0.4 other + 5 restart, then launch 1 + 2 + 0.5 restore
+    # + 0.5 startup + 0.2 other in attempt 1; and the 12 s in the queue beside it
+    assert p.total == pytest.approx(6.9 + 4.2) and p.queue_wait == pytest.approx(12.0)
+    assert p.cost["restart_job"] == pytest.approx(5.0) and p.cost["checkpoint_save"] == pytest.approx(1.0)
+    assert run.injected["all_classified"] and run.injected["by_fault"] == {
+        "preempt": {"injected": 1, "classified_as_expected": 1, "as": {"preempted": 1}}}
+    text = report.format_report(run)
+    assert "goodput: 25.3% (productive training 9.6s of 38.0s allocated)" in text
+    assert "queue wait (not allocated): 12.0s" in text
+    assert "cost by cause: preempted 11.1s (29.2%)" in text
+    assert "  preempt: injected 1, classified as expected 1 (preempted x1)" in text
+    assert [(r.attempt, r.state, r.ended) for r in run.rows] == [(0, "?", "preempted (stop_reason)"),
+                                                                (1, "?", "finished (stop_reason)")]
+    data = run.to_dict()
+    assert data["accounting"]["goodput"] == pytest.approx(9.6 / 38) and set(data["accounting"]["badput"]) == \
+        set(BUCKETS)
+
+
+def test_in_process_restarts_are_their_own_bucket():
+    """Issue 24's records: an ``inprocess_restart`` record (iteration, fault_time, cause, restored_from) and a start
+    record with ``attempt.inprocess_restart``; the old process's creation and marks are not counted again."""
+    records = [
+        start(3, process_start=1, marks={"imports": 2, "checkpoint_load": 2.5}),
+        *steps(1, 5, at=4, every=1, step_time=0.5),
+        {"kind": "inprocess_restart", "iteration": 1, "fault_time": T0 + 8.4, "cause": "python_exception",
+         "restored_from": {"tier": "memory", "step": 5}, "time": T0 + 8.9},
+        start(9.8, step=5, resumed_from=5, process_start=1, inprocess=1,
+              marks={"imports": 2, "entered": 9.0, "checkpoint_load": 9.6}),
+        *steps(6, 8, at=10.8, every=1, step_time=0.5),
+        {"kind": "end", "step": 8, "reason": "finished", "exit_code": 0, "time": T0 + 13.0},
+    ]
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 14)], records)
+    assert_tiles(acc)
+    assert buckets(acc) == approx({
+        "startup": 1 + 1 + 0.5 + 0.2,  # launch, imports, checkpoint_load -> start; 9.6 -> 9.8 after the restart
+        "checkpoint_restore": 0.5 + 0.6,  # 2 -> 2.5; 'entered' 9.0 -> 'checkpoint_load' 9.6
+        "wasted_progress": 0.4,  # last step record (8.0) -> fault (8.4)
+        "failure_detection": 0.5,  # fault -> the restart record (8.9)
+        "restart_inprocess": 0.1,  # restart -> the iteration's first mark (9.0)
+        "other": 14 - 8 * 0.5 - 2.7 - 1.1 - 0.4 - 0.5 - 0.1,
+    })
+    [i] = acc.interruptions
+    assert (i.kind, i.cause, i.fault_source) == ("inprocess", "python_exception", "trainer")
+    assert acc.badput["restart_process"] == 0
+
+
+def test_a_run_without_records_of_its_own_is_all_startup_or_failed_start():
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 10, ending="node_fail", failure=True),
+                   AttemptWindow(index=1, start=T0 + 15, end=T0 + 20, ending="running", running=True)], [])
+    assert acc.badput["restart_job"] == 10 and acc.badput["startup"] == 5 and acc.queue_wait == 5
+    assert_tiles(acc)
+
+
+def test_daly_reproduces_his_published_examples():
+    """Daly 2006, figs. 3-5: C = 5 min, R = 10 min; M = 24 h -> 117 min, 6 h -> 57 min, 15 min -> 9.1 min (his
+    figures give whole minutes; his eq. 37 gives 116.7, 56.7 and 9.14, which is what is checked within 0.1 min)."""
+    for m_min, published, precise in ((24 * 60, 117, 116.7), (6 * 60, 57, 56.7), (15, 9.1, 9.14)):
+        tau = daly.daly_interval(5 * 60, m_min * 60) / 60
+        assert tau == pytest.approx(precise, abs=0.1)
+        assert round(tau, 0 if published >= 10 else 1) == published
+    assert daly.young_interval(5 * 60, 24 * 3600) / 60 == pytest.approx(120.0)
+    # the interval is the optimum of the model's efficiency: no other interval does better
+    best = daly.optimum(300, 600, 6 * 3600)
+    for factor in (0.8, 0.95, 1.05, 1.25):
+        assert best.efficiency(best.tau_daly * factor) <= best.e_star + 1e-12
+    # efficiency of Daly's model by hand: tau / (M e^(R/M) (e^((tau + C)/M) - 1))
+    assert daly.expected_efficiency(3600, 300, 600, 86400) == pytest.approx(
+        3600 / (86400 * math.exp(600 / 86400) * (math.exp(3900 / 86400) - 1)))
+    assert best.regret(best.tau_daly) == 0 and best.regret(best.tau_daly * 10) > 0.1
+
+
+def test_daly_rejects_what_it_cannot_use():
+    for c, m in ((0, 60), (5, 0), (float("nan"), 60), (5, float("inf"))):
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            daly.daly_interval(c, m)
+    assert daly.daly_interval(100, 40) == 40  # C >= 2M: checkpoint every M
+
+
+def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(tmp_path, monkeypatch):
+    """With Slurm's record, a window is sacct's Start -> End (whole seconds; the trainer's last record may lie up to
+    1 s past End); a job of another name under the same id (SLURM_CONF pointing at another cluster) is ignored."""
+    import time
+
+    from megatron_resilience.jobs import slurm
+
+    run_dir = preempted_chain(tmp_path)
+    with open(run_dir / "job_ledger.jsonl") as f:
+        lines = [json.loads(x) for x in f]
+    for rec in lines:
+        if rec["kind"] == "attempt_start":
+            rec["job_name"] = "acct-bench.gpt"
+    write_jsonl(run_dir / "job_ledger.jsonl", lines)
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(T0 + t))
+
+    job = "acct-bench.gpt"
+    runs = {job: [{"State": "REQUEUED", "Start": stamp(-2), "End": stamp(21), "JobName": job},
+                  {"State": "COMPLETED", "Start": stamp(31), "End": stamp(40), "JobName": job}]}
+    name = ["acct-bench.gpt"]
+    monkeypatch.setattr(slurm, "sacct_runs", lambda job: runs.get(name[0], [{"JobName": name[0]}]))
+    run = report.build(str(run_dir))
+    assert [(w.start - T0, w.end - T0) for w in run.windows] == [(-2, 21), (31, pytest.approx(41.0))]
+    assert [r.state for r in run.rows] == ["REQUEUED", "COMPLETED"]  # the trainer's end (41.0) is within End + 1 s
+    assert_tiles(run.accounting)
+    name[0] = "someone-else"  # sacct answers for another cluster's job 100
+    run = report.build(str(run_dir))
+    assert [(w.start - T0, w.end - T0) for w in run.windows] == [(0, 20), (32, 50)]  # the ledger's times
+
+
+def test_the_optimum_from_the_runs_own_c_r_m_and_tau():
+    """C: median periodic save; R: mean restart (fault -> first step of the next cycle); M: the user's estimate
+    until 3 interruptions; tau and s/step from consecutive periodic saves; E*, goodput / E*, regret, the interval."""
+    from megatron_resilience.jobs.optimum import format_optimum, measure
+
+    records = HANG_RUN[:1] + steps(1, 4, at=19, every=2, step_time=1.5) + [save(4, 25.0, 0.4)] + \
+        steps(5, 6, at=27, every=2, step_time=1.5) + [save(6, 29.2, 0.6), {"kind": "checkpoint_interval",
+                                                                            "expected_mtbf_s": 600.0,
+                                                                            "time": T0 + 29.8}] + HANG_RUN[9:]
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 60, cycle_endings={0: "hang"},
+                                 detections=[T0 + 36.0])], records, [{"time": T0 + 31.0, "fault": "rank_hang"}])
+    o = measure(acc, records)
+    assert (o.c, o.failures, o.m, o.m_source) == (0.5, 1, 600.0, "the user's estimate (checkpoint.expected_mtbf_hours; "
+                                                               "1 interruption(s) seen)")
+    assert o.r == pytest.approx(15.5)  # the fault (31) -> step 5's re-run (46.5)
+    # between the saves at steps 4 and 6: 29.2 - 25.0 - 0.4 = 3.8 s of compute for 2 steps
+    assert (o.tau, o.interval_steps, o.seconds_per_step) == (pytest.approx(3.8), 2, pytest.approx(1.9))
+    best = daly.optimum(0.5, 15.5, 600.0)
+    assert (o.tau_daly, o.e_star) == (pytest.approx(best.tau_daly), pytest.approx(best.e_star))
+    assert o.ratio == pytest.approx(acc.goodput / best.e_star)
+    assert o.regret == pytest.approx(best.e_star - best.efficiency(3.8))
+    assert o.recommended_steps == round(best.tau_daly / 1.9) == 13  # Daly: 24.16 s at 1.9 s/step
+    lines = format_optimum(o, acc.goodput)
+    assert lines[2] == (f"interval used: tau 3.80s expects {100 * best.efficiency(3.8):.1f}% (regret "
+                        f"{100 * o.regret:.1f} points of goodput vs the optimum)")
+    assert lines[3].startswith("recommended: checkpoint.save_interval=13 (Daly's 24.16s at 1.900s/step)")
+
+
+def test_tau_of_an_interval_longer_than_the_time_between_faults():
+    """No cycle saw two periodic saves: tau is the saves' step spacing x the median wall time per step."""
+    from megatron_resilience.jobs.optimum import measure
+
+    records = [start(0), *steps(1, 5, at=2, every=2.0, step_time=1.5), save(4, 9.0, 0.4),
+               start(20, step=4, resumed_from=4, in_job=1), *steps(5, 9, at=22, every=2.0, step_time=1.5),
+               save(8, 29.5, 0.4)]
+    o = measure(account([AttemptWindow(index=0, start=T0, end=T0 + 40, cycle_endings={0: "hang"})], records),
+                records)
+    assert (o.interval_steps, o.seconds_per_step, o.tau) == (4, 2.0, 8.0)
