@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -146,6 +147,9 @@ def test_the_batch_script_leaves_an_attempt_slurm_requeued_itself_to_the_watcher
     set_state(job=job("PENDING", restarts=1), nodes={"n1": "down", "n2": "idle"})
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    # main ignores SIGTERM (as its own process, inside the EXIT trap); here it must not leak into this process:
+    # a child started with SIGTERM ignored cannot trap it (bash), and the sbatch-logic tests run bash
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
     assert batch_exit.main(["--config", cfg.path, "--exit-code", "0"]) == 0
     out = capsys.readouterr().out
     assert "was requeued by Slurm or the watcher (now PENDING, restart 1)" in out, out
