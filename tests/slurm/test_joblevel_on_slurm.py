@@ -9,8 +9,9 @@ real thing) and Megatron-Core's rerun error injection. What is asserted comes fr
 One module fixture submits every job at once and plays the watcher scenario (``watcher_scenario.py``:
 a job whose batch shell is SIGKILLed, so nothing inside the job can decide, then watchers killed
 mid-decision) from the moment the watched job is submitted. Issue 23: one job gets
-``scancel --signal=TERM --full`` (its batch shell too, as real preemption with GraceTime): the batch
-script waits for the step, decides and requeues it without a retry, with no watcher.
+SIGTERM in every process, its batch shell too, as real preemption with GraceTime (``scancel --signal=TERM
+--full`` for the batch step, a plain ``scancel --signal=TERM`` for the job steps): the batch script waits for
+the step, decides and requeues it without a retry, with no watcher.
 
 A node set DOWN under a running two-node job (``test_node_down_is_recovered_by_the_watcher``) runs on the private
 multi-node instance (``multinode_cluster``; the shared single-node cluster's node is never set DOWN): the job
@@ -142,11 +143,14 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
 
 
 def signal_job_when_training(job: Job, sent: dict, after_step: int) -> None:
-    """For a thread: ``scancel --signal=TERM --full`` (every process of the job, the batch shell included, as real
-    preemption with GraceTime does) once the first attempt trained ``after_step`` steps."""
+    """For a thread: SIGTERM to every process of the job, the batch shell included, as real preemption with
+    GraceTime does, once the first attempt trained ``after_step`` steps. On Slurm 22.05 ``scancel --signal=TERM
+    --full`` reaches the batch step only (its shell and the ``srun`` client; measured: the job step's process gets
+    nothing), so the job steps get theirs from a plain ``scancel --signal=TERM`` right after."""
     try:
         wait_until(lambda: job.last_step() >= after_step, timeout=900, interval=0.2, what=f"{job.name} to train")
         subprocess.run(["scancel", "--signal=TERM", "--full", job.slurm_id], check=True, capture_output=True)
+        subprocess.run(["scancel", "--signal=TERM", job.slurm_id], check=True, capture_output=True)
         sent["time"] = time.time()
     except Exception as err:  # noqa: BLE001 - reported by the test
         sent["error"] = err
