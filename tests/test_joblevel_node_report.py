@@ -30,12 +30,12 @@ def test_the_report_lists_per_node_failures_and_exclusions(tmp_path):
     text = format_report(build(str(tmp_path / "run"), slurm_lookup=False), evidence=False)
     table = text.split("per node:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert table == [
-        "node    | attempts | failures attributed (attempt: type) | excluded by attempt",
-        "nid001  | 0,1,2    | -                                   | -",
-        "nid002  | 0,1,2    | 1: xid_error                        | 1",
-        "nid003  | 0,1      | 0: node_fail                        | 0",
-        "nid004  | 0        | -                                   | -",
-        "node-01 | 3        | -                                   | -",
+        "node    | attempts | failures attributed (attempt[.cycle]: type) | excluded by attempt",
+        "nid001  | 0,1,2    | -                                           | -",
+        "nid002  | 0,1,2    | 1: xid_error                                | 1",
+        "nid003  | 0,1      | 0: node_fail                                | 0",
+        "nid004  | 0        | -                                           | -",
+        "node-01 | 3        | -                                           | -",
     ], text
 
 
@@ -66,5 +66,22 @@ def test_an_exclusion_that_was_not_applied_says_so_in_the_node_table():
     attempts = [{"nodes": ["n1"], "classification": {"mode": "crash", "error_type": "xid_error", "hosts": ["n1"]},
                  "decision": {"exclude_requested": ["n1"], "exclude_applied": []}}]
     assert format_node_table(attempts)[2:] == [
-        "node | attempts | failures attributed (attempt: type) | excluded by attempt",
-        "n1   | 0        | 0: xid_error                        | 0 (not applied)"]
+        "node | attempts | failures attributed (attempt[.cycle]: type) | excluded by attempt",
+        "n1   | 0        | 0: xid_error                                | 0 (not applied)"]
+
+
+def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cycle():
+    """An Xid on mn1 ended cycle 0 of attempt 1 (ft_launcher restarted in the job, no job-level decision); the
+    attempt then ended preempted: mn1 shows the Xid as 1.0, and no exclusion."""
+    from megatron_resilience.jobs.node_history import format_node_table
+
+    attempts = [
+        {"nodes": ["mn3"], "classification": {"mode": "crash", "error_type": "node_fail", "hosts": ["mn3"]},
+         "decision": {"exclude_requested": ["mn3"], "exclude_applied": ["mn3"]}, "cycles": [{"cycle": 0}]},
+        {"nodes": ["mn1"], "classification": {"mode": None, "error_type": "preempted", "hosts": []},
+         "decision": {}, "cycles": [{"cycle": 0, "ended": {"error_type": "xid_error", "hosts": ["mn1"]}},
+                                    {"cycle": 1}]}]
+    assert format_node_table(attempts)[2:] == [
+        "node | attempts | failures attributed (attempt[.cycle]: type) | excluded by attempt",
+        "mn1  | 1        | 1.0: xid_error                              | -",
+        "mn3  | 0        | 0: node_fail                                | 0"]

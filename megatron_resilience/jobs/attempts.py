@@ -74,7 +74,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
     if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)
         info = node_info if node_info is not None else slurm.node_states(nodes)
         attribute(cls, evidence.signals + attribution.node_state_signals(info), nodes, info)
-    cycles = _cycles(files, progress, cfg, mine)
+    cycles = _cycles(files, progress, cfg, mine, nodes)
     history = chain_history(ledger)
     record: dict[str, Any] = {
         "kind": "attempt", "by": by, "attempt_index": len(history), "job_id": str(job_id), "slurm_restart": restart,
@@ -148,11 +148,13 @@ def _cycle_ends(mine: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
 
 
 def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig,
-            mine: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+            mine: list[dict[str, Any]] = (), nodes: list[str] = ()) -> list[dict[str, Any]]:
     """One entry per in-job (ft_launcher/torchrun) cycle: how it ended (earlier cycles) and where it resumed.
 
     An earlier cycle's ending is classified from its logs and, when the trainer wrote one, its ``end`` record
-    (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted it)."""
+    (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted it).
+    A failure names the node(s) its lines blame (``hosts``), by the attempt's rules: the report's per-node table
+    counts it, though no job-level decision followed it."""
     ends = _cycle_ends(list(mine))
     count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1)
     out = []
@@ -171,5 +173,8 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
                                          stop_reason=end if end and str(end.get("reason", "")).startswith("rerun:")
                                          else None))
             entry["ended"] = {"error_type": c.error_type, "reason": c.reason, "evidence": c.evidence[:2]}
+            if c.mode is not None:
+                attribute(c, sigs, list(nodes), {})
+                entry["ended"]["hosts"] = c.hosts
         out.append(entry)
     return out

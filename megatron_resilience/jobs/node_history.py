@@ -2,7 +2,8 @@
 
 Read from the ledger's ``attempt`` records: the nodes each attempt ran on, the node(s) its
 classification blamed (``classification.hosts``, chosen by ``attribution.py`` from every host the
-evidence named), and the exclusions its decision asked for (applied, or recorded but not applied
+evidence named) and those an in-job restart cycle's failure blamed (``cycles[k].ended.hosts``, shown as
+``<attempt>.<cycle>``), and the exclusions its decision asked for (applied, or recorded but not applied
 because they would strand the job). A node named by evidence but never blamed is not listed as failed.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 class NodeRow:
     node: str
     attempts: list[int] = field(default_factory=list)  # attempts that ran on it
-    failures: list[tuple[int, str]] = field(default_factory=list)  # (attempt, error type) blamed on it
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (attempt[.cycle], error type) blamed on it
     excluded_by: list[int] = field(default_factory=list)  # attempts whose decision excluded it (applied)
     not_excluded_by: list[int] = field(default_factory=list)  # asked for, not applied (it would strand the job)
 
@@ -32,10 +33,14 @@ def node_rows(attempts: list[dict[str, Any]]) -> list[NodeRow]:
         for node in nodes if isinstance(nodes, list) else str(nodes).split(","):
             if node:
                 row(node).attempts.append(index)
+        for cycle in a.get("cycles") or []:  # in-job restarts: no decision, but a failure on a node
+            ended = cycle.get("ended") or {}
+            for node in ended.get("hosts") or []:
+                row(node).failures.append((f"{index}.{cycle.get('cycle')}", str(ended.get("error_type"))))
         cls = a.get("classification") or {}
         if cls.get("mode") is not None:
             for node in cls.get("hosts") or []:
-                row(node).failures.append((index, str(cls.get("error_type"))))
+                row(node).failures.append((str(index), str(cls.get("error_type"))))
         decision = a.get("decision") or {}
         applied = decision.get("exclude_applied") or []
         for node in decision.get("exclude_requested") or []:
@@ -48,7 +53,7 @@ def format_node_table(attempts: list[dict[str, Any]]) -> list[str]:
     rows = node_rows(attempts)
     if not rows:
         return []
-    table = [("node", "attempts", "failures attributed (attempt: type)", "excluded by attempt")]
+    table = [("node", "attempts", "failures attributed (attempt[.cycle]: type)", "excluded by attempt")]
     for r in rows:
         excluded = [str(i) for i in r.excluded_by] + [f"{i} (not applied)" for i in r.not_excluded_by]
         table.append((r.node, ",".join(str(i) for i in r.attempts) or "-",
