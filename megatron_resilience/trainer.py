@@ -176,10 +176,20 @@ _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken p
 
 
 def lost_a_peer(err: BaseException) -> str | None:
-    """What a surviving rank's communication error says when another rank died mid-collective, else None."""
-    if not isinstance(err, RuntimeError):
-        return None
-    return next((text for text in _PEER_LOST if text in str(err)), None)
+    """What a surviving rank's communication error says when another rank died mid-collective, else None.
+
+    The whole chain is read: a save or a cleanup that fails because the peer is gone raises its own exception
+    with the communication error as its cause or context, which would otherwise print chained tracebacks.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (RuntimeError, OSError)):
+            found = next((text for text in _PEER_LOST if text in str(err)), None)
+            if found:
+                return found
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _import_runtime(config: PretrainConfig) -> None:

@@ -12,6 +12,13 @@ own code runs):
   template's own failure limit (and its "limit reached" exit at the start of an attempt) never
   decides; a job whose chain was stopped exits at once instead (``<job>_job_level_stopped``);
 * each attempt writes its job-level config JSON and an ``attempt_start`` ledger record;
+* the batch shell survives the scheduler's signal: real preemption (``PreemptMode`` with ``GraceTime``) and
+  ``scancel --signal=TERM --full`` signal every process of the job, the batch shell included, which would die
+  at once and decide nothing while the trainer saves. A trap on TERM/INT/USR1/USR2 makes bash wait for the job
+  step (bash runs a trap only after the foreground command returns), note the signal and go on to decide.
+  ``srun`` becomes a shell function that starts the real one in a session of its own: the signal reaches the
+  batch script's process group, and an ``srun`` that receives SIGTERM kills its step at once ("srun: forcing
+  job termination", measured on Slurm 22.05) — before the trainer, which the step's own signal reached, saved;
 * the EXIT trap runs ``python -m megatron_resilience.jobs.batch_exit`` (no torch): classify the
   attempt, decide (the ``RestartPolicyPlugin`` policy, else nemo_run's rule with preemptions never
   counted as failures and ft_launcher's "do not restart" exit code honoured), record, requeue
@@ -43,6 +50,8 @@ BLOCK = "job-level decision"
 STOP_REASON_FILE = "stop_reason.json"  # written by the trainer's rank 0 (resilience/hooks.py; checked in tests)
 RETRIES_WITHOUT_LIMIT = 1000000
 _POLICY = "_megatron_resilience_restart_policy"
+# Signals a scheduler sends the batch shell to stop a job (the trainer's exit_signal among them).
+BATCH_SIGNALS = ("TERM", "INT", "USR1", "USR2")
 _NO_RESTART = "_megatron_resilience_no_restart_exit_code"
 
 
@@ -126,6 +135,17 @@ def render(cfg: JobLevelConfig, *, flag_step: str) -> str:
         "\"config\":\"%s\"}\\n' \"$SLURM_JOB_ID\" \"$SLURM_JOB_NAME\" \"${SLURM_RESTART_COUNT:-0}\" "
         "\"${MEGATRON_RESILIENCE_RESUBMISSION:-0}\" \"$megatron_resilience_nodes\" \"$(hostname)\" \"$(date +%s.%N)\" "
         f"\"${{megatron_resilience_offset:-0}}\" {config} >> {ledger}",
+        'megatron_resilience_batch_signal=""  # a signal the scheduler sent this shell (preemption, scancel --full)',
+        "megatron_resilience_signalled() {",
+        '    megatron_resilience_batch_signal=$1',
+        '    echo "megatron_resilience: the batch shell received SIG$1 (preemption, scancel --full); the job step'
+        ' has ended: deciding"',
+        "}",
+        *(f"trap 'megatron_resilience_signalled {sig}' {sig}" for sig in BATCH_SIGNALS),
+        "# srun in a session of its own: a signal to this script's process group must not make srun kill the step.",
+        "# An srun wrapper defined above (FaultTolerancePlugin's ft_launcher flags) runs srun with this prefix itself.",
+        "command -v setsid >/dev/null && megatron_resilience_srun_prefix='setsid -w'",
+        "declare -F srun >/dev/null || srun() { ${megatron_resilience_srun_prefix:-command} srun \"$@\"; }",
         "megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}",
         f"export TORCHX_MAX_RETRIES={RETRIES_WITHOUT_LIMIT}  # nemo_run's own failure limit never decides; see above",
         "scontrol() {",
@@ -168,7 +188,8 @@ def render(cfg: JobLevelConfig, *, flag_step: str) -> str:
         "    trap '' TERM  # our own requeue makes Slurm signal this shell at once: finish recording first",
         '    [ -n "$exitcode" ] || exit "$status"',
         '    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit '
-        f'--config {config} --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" 2>&1)',
+        f'--config {config} --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" '
+        '--batch-signal "$megatron_resilience_batch_signal" 2>&1)',
         "    rc=$?",
         '    printf "%s\\n" "$out"',
         "    code=$(printf '%s\\n' \"$out\" | sed -n 's/^megatron_resilience: batch exit code \\([0-9]*\\)$/\\1/p' "

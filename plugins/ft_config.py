@@ -110,7 +110,9 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
     nemo_run renders a fixed set of ft_launcher flags and has no field for others; ft_launcher reads some
     settings only from its command line. A shell function ``srun`` (defined after nemo_run's own srun
     calls of the setup, before the job step) inserts the flags right after the ``ft_launcher`` word of
-    the srun command and runs the real srun, so the job step is exactly ``srun ... ft_launcher FLAGS ...``.
+    the srun command and runs the real srun, so the job step is exactly ``srun ... ft_launcher FLAGS ...``
+    (under ``setsid -w`` when the job-level block sets ``megatron_resilience_srun_prefix``: the step in a session
+    of its own, see plugins/batch_decision.py).
 
     ``nnodes`` (``FaultTolerancePlugin.min_nodes``): the value of ft_launcher's ``--nnodes`` instead of
     nemo_run's fixed node count, evaluated when the step starts (e.g. ``1:$SLURM_JOB_NUM_NODES``: an attempt
@@ -135,7 +137,7 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
             "            added=1\n"
             "        fi\n"
             "    done\n"
-            '    command srun "${args[@]}"\n'
+            '    ${megatron_resilience_srun_prefix:-command} srun "${args[@]}"\n'
             "}"
         )
     lines = ["# The job step's srun command, rewritten where nemo_run has no field (other srun calls run as they are):"]
@@ -153,7 +155,8 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
         f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})",
         "srun() {",
         "    local args=() arg added=0 nnodes_next=0",
-        '    case " $* " in *" ft_launcher "*) ;; *) command srun "$@"; return ;; esac',
+        '    case " $* " in *" ft_launcher "*) ;; '
+        '*) ${megatron_resilience_srun_prefix:-command} srun "$@"; return ;; esac',
         '    for arg in "$@"; do',
         '        if [ "$nnodes_next" = 1 ]; then',
         f'            arg="{nnodes}"; nnodes_next=0' if nnodes is not None else "            nnodes_next=0",
@@ -174,8 +177,8 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
         "            added=1",
         "        fi",
         "    done",
-        '    command srun --ntasks="$SLURM_JOB_NUM_NODES" "${args[@]}"' if nnodes is not None
-        else '    command srun "${args[@]}"',
+        '    ${megatron_resilience_srun_prefix:-command} srun --ntasks="$SLURM_JOB_NUM_NODES" "${args[@]}"'
+        if nnodes is not None else '    ${megatron_resilience_srun_prefix:-command} srun "${args[@]}"',
         "}",
     ]
     return "\n".join(lines)

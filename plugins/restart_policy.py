@@ -2,6 +2,7 @@
 
     RestartPolicyPlugin(policy="megatron_transient")                      # a preset
     RestartPolicyPlugin(policy="/home/me/policy.yaml", monitors=["megatron_basic", "/home/me/extra.yaml"])
+    RestartPolicyPlugin(policy=None, monitors="/home/me/monitoring.yaml") # monitor-only: record, never requeue
 
 Without this plugin the batch script follows nemo_run's requeue rule (``executor.retries``), with
 preemptions never counted as failures, ft_launcher's "do not restart" exit code and a person's
@@ -15,6 +16,12 @@ Policy and monitor files are loaded and checked here, before anything is submitt
 regexes that do not compile, unknown error types, negative retries: the error names the file and
 the key), and rendered into the job's sbatch script. On a ``LocalExecutor`` there is no batch
 script: the files are checked and a log line says that nothing decides between attempts.
+
+Files of the log-monitoring tool this room was modelled on (per-mode ``policies`` with
+``SelectiveRestartPolicy``; ``class_name: SlurmLogMonitor`` with ``log_signals``) are accepted as they
+are and translated once, at load; the log says what each of their keys became. ``policy=None`` is
+monitor-only, that tool's default without a restart file: every attempt is classified and recorded
+in the ledger, and nothing requeues the job (neither a policy nor nemo_run's ``executor.retries``).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_resilience.config._validate import check_int, check_positive, fail
-from megatron_resilience.jobs.jobconfig import resolve
+from megatron_resilience.jobs.jobconfig import resolve, watcher_settings
 from megatron_resilience.plugins import batch_decision
 from megatron_resilience.plugins._executor import claim
 from megatron_resilience.plugins._task import our_trainer_editor
@@ -47,15 +54,16 @@ class RestartPolicyPlugin(run.Plugin):
     metrics progress for that many seconds as stalled (None: off; use it when FT is off).
     """
 
-    policy: str = "megatron_transient"
+    policy: str | None = "megatron_transient"  # None: monitor-only
     monitors: Any = None  # str | list[str] | None
     finished_grace_seconds: float = 300.0
     inactivity_threshold: float | None = None
     max_log_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
-        if not isinstance(self.policy, str) or not self.policy:
-            fail(f"{NAME}.policy", "must be a policy preset name or a YAML file path", self.policy)
+        if self.policy is not None and (not isinstance(self.policy, str) or not self.policy):
+            fail(f"{NAME}.policy", "must be a policy preset name or a YAML file path (or None: monitor-only)",
+                 self.policy)
         monitors = self.monitors
         if monitors is not None and not isinstance(monitors, str) and not (
                 isinstance(monitors, (list, tuple)) and monitors and all(isinstance(m, str) for m in monitors)):
@@ -70,15 +78,26 @@ class RestartPolicyPlugin(run.Plugin):
         """The resolved policy and monitors (and the watcher's settings) as rendered into the job."""
         monitors = list(self.monitors) if isinstance(self.monitors, (list, tuple)) else self.monitors
         policy, monitor_specs = resolve(self.policy, monitors)
-        return {"policy": policy, "monitors": monitor_specs,
+        inactivity = self.inactivity_threshold
+        if inactivity is None:  # a foreign monitoring file's inactivity_threshold_seconds
+            inactivity = watcher_settings(self.policy, monitors).get("inactivity_threshold")
+        return {"policy": policy, "monitors": monitor_specs, "monitor_only": self.policy is None,
                 "finished_grace_seconds": float(self.finished_grace_seconds),
-                "inactivity_threshold": self.inactivity_threshold, "max_log_bytes": self.max_log_bytes}
+                "inactivity_threshold": inactivity, "max_log_bytes": self.max_log_bytes}
 
     def setup(self, task: Any, executor: Any) -> None:
         profile = executor_profile(executor, NAME)
         claim(executor, NAME)
         settings = self.settings()
         policy = settings["policy"]
+        if policy is None:
+            if profile.is_slurm:
+                batch_decision.remember_policy(executor, settings)
+                batch_decision.install(executor, our_trainer_editor(task, NAME))
+            log.info("%s: monitor-only (policy=None): every attempt is classified and recorded in the ledger; "
+                     "nothing requeues the job (executor.retries=%r no longer does either)%s", NAME,
+                     executor.retries, "" if profile.is_slurm else f"; {profile.name} has no batch script")
+            return
         budgets = ", ".join(f"{m} {n}" for m, n in policy["max_restarts"].items())
         if not profile.is_slurm:
             log.info("%s: policy %s checked; %s has no batch script, so nothing decides between attempts "

@@ -9,7 +9,8 @@ NeMo-Run finds this module through the ``nemo_run.cli`` entry-point group
 - recipe factories for ``--factory``: ``gpt_tiny``, ``gpt_126m``, ``gpt_350m``, ``gpt_1_3b``, ``gpt_7b``
   (arguments in parentheses: ``--factory "gpt_126m(num_nodes=4)"``),
 - executor factories for ``run.executor=NAME``: ``local`` (torchrun), ``local_ft`` (ft_launcher), ``slurm``,
-- plugin factories for ``run.plugins=NAME`` or ``run.plugins=[a,b]``: ``ft``, ``preemption``, ``resilience`` (both).
+- plugin factories for ``run.plugins=NAME`` or ``run.plugins=[a,b]``: ``ft``, ``preemption``, ``resilience`` (both),
+  ``restart_policy`` (``run.plugins[i].policy=FILE``: this package's or the log-monitoring tool's schema).
 
 Task overrides (``train.max_steps=100``) are applied by :mod:`.overrides` (typed, only the
 named fields change, unknown keys list the valid ones); ``--dryrun`` prints the final config
@@ -130,8 +131,17 @@ def resilience() -> List[run.Config[run.Plugin]]:
     return [ft(), preemption()]
 
 
+@run.cli.factory(target=run.Plugin)
+def restart_policy() -> run.Config[run.Plugin]:
+    """``RestartPolicyPlugin`` (override: ``run.plugins.policy=/path/policy.yaml``, ``=null``: monitor-only)."""
+    from megatron_resilience.plugins import RestartPolicyPlugin
+
+    return run.Config(RestartPolicyPlugin)
+
+
 PLUGINS = {"ft": lambda: fdl.build(ft()), "preemption": lambda: fdl.build(preemption()),
-           "resilience": lambda: [fdl.build(p) for p in resilience()]}
+           "resilience": lambda: [fdl.build(p) for p in resilience()],
+           "restart_policy": lambda: fdl.build(restart_policy())}
 
 
 # --- recipes -----------------------------------------------------------------------------------------------
@@ -155,8 +165,9 @@ def is_slurm(executor: Any) -> bool:
 USAGE = f"""\
 Overrides: section.field=value (typed; null, true/false, a,b for lists). Recipes (--factory): {", ".join(RECIPES)}
 (arguments: --factory "gpt_126m(num_nodes=2,dir=/lustre/runs)"). Executors: run.executor=local|local_ft|slurm,
-fields with run.executor.FIELD=value. Plugins: run.plugins=ft|preemption|resilience|[ft,preemption], fields with
-run.plugins.FIELD=value or run.plugins[i].FIELD=value. --dryrun prints the final config (and the sbatch script).
+fields with run.executor.FIELD=value. Plugins: run.plugins=ft|preemption|resilience|restart_policy|[ft,preemption],
+fields with run.plugins.FIELD=value or run.plugins[i].FIELD=value (restart_policy: run.plugins[i].policy=FILE).
+--dryrun prints the final config (and the sbatch script).
 """
 
 # run.* options that are the run context's own (run.name=..., run.detach=true, ...).

@@ -6,8 +6,10 @@
 
     nemo megatron_resilience report RUN [png=PATH|none] [logs=true] [json=true] [tensorboard=false]
     nemo megatron_resilience report RUN [--png PATH] [--logs] [--json] [--no-tensorboard]
-    nemo megatron_resilience watch RUN [interval=SECONDS] [once=true] [job_id=ID] [config=PATH]
-    nemo megatron_resilience watch RUN [--interval SECONDS] [--once] [--job-id ID] [--config PATH]
+    nemo megatron_resilience watch RUN [interval=SECONDS] [once=true] [job_id=ID] [config=PATH] [policy=FILE]
+                                       [monitors=FILE]
+    nemo megatron_resilience watch RUN [--interval SECONDS] [--once] [--job-id ID] [--config PATH] [--policy FILE]
+                                       [--monitors FILE]
 
 Both run here, on the login node, at once (no executor, no confirmation). A value that does not parse
 (``logs=maybe``) or an unknown option (``pgn=x``) is one ``Error:`` line naming the option and the valid
@@ -33,7 +35,7 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 REPORT_OPTIONS = {"png": ("str", "--png"), "logs": ("bool", "--logs"), "json": ("bool", "--json"),
                   "tensorboard": ("bool", None)}
 WATCH_OPTIONS = {"interval": ("float", "--interval"), "once": ("bool", "--once"), "job_id": ("str", "--job-id"),
-                 "config": ("str", "--config")}
+                 "config": ("str", "--config"), "policy": ("str", "--policy"), "monitors": ("str", "--monitors")}
 # durations and counts stay text here: ``python -m megatron_resilience.chaos`` parses and names them
 CHAOS_OPTIONS = {"mtbf": ("str", "--mtbf"), "mix": ("str", "--mix"), "seed": ("str", "--seed"),
                  "max_count": ("str", "--max-count"), "max_time": ("str", "--max-time"),
@@ -123,7 +125,7 @@ def report_argv(run: str, values: dict[str, Any]) -> list[str]:
 
 def watch_argv(run: str, values: dict[str, Any]) -> list[str]:
     argv = [run]
-    for key in ("interval", "job_id", "config"):
+    for key in ("interval", "job_id", "config", "policy", "monitors"):
         if key in values:
             argv += [WATCH_OPTIONS[key][1], str(values[key])]
     return argv + ["--once"] * bool(values.get("once"))
@@ -148,12 +150,14 @@ def report(run: str, png: str = "", logs: bool = False, json: bool = False, tens
     return main(report_argv(run, {"png": png, "logs": logs, "json": json, "tensorboard": tensorboard}))
 
 
-def watch(run: str, interval: float = 30.0, once: bool = False, job_id: str = "", config: str = "") -> int:
-    """Watch the run's Slurm jobs for what they cannot see about themselves (node failure, lost batch host, ...)."""
+def watch(run: str, interval: float = 30.0, once: bool = False, job_id: str = "", config: str = "", policy: str = "",
+          monitors: str = "") -> int:
+    """Watch the run's Slurm jobs for what they cannot see about themselves (node failure, lost batch host, ...);
+    ``policy``/``monitors``: decide with these files (this package's schema or the log-monitoring tool's)."""
     from megatron_resilience.jobs.watch_cli import main
 
-    values = {"interval": interval, "once": once, **({"job_id": job_id} if job_id else {}),
-              **({"config": config} if config else {})}
+    given = {"job_id": job_id, "config": config, "policy": policy, "monitors": monitors}
+    values = {"interval": interval, "once": once, **{k: v for k, v in given.items() if v}}
     return main(watch_argv(run, values))
 
 
@@ -179,8 +183,8 @@ _register(report, "The run's chain of Slurm attempts: why each ended, decisions,
                   "TensorBoard scalars), PNG timeline. Options: png=PATH|none logs=true json=true tensorboard=false "
                   "(or --png PATH --logs --json --no-tensorboard).")
 _register(watch, "Watch a run's Slurm jobs: node failures, lost batch hosts, finished-but-alive, stalls. Options: "
-                 "interval=SECONDS once=true job_id=ID config=PATH (or --interval SECONDS --once --job-id ID "
-                 "--config PATH).")
+                 "interval=SECONDS once=true job_id=ID config=PATH policy=FILE monitors=FILE (or --interval SECONDS "
+                 "--once --job-id ID --config PATH --policy FILE --monitors FILE).")
 _register(chaos, "Inject a seeded stream of realistic failures (the Llama 3 mix) into a run's running Slurm job. "
                  "Options: mtbf=DURATION mix=NAME|FILE seed=N max_count=N max_time=DURATION repair=DURATION "
                  "job_id=ID rank=N plan=true (or --mtbf DURATION ... --plan).")

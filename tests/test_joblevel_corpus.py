@@ -32,9 +32,17 @@ SIGNAL = {"reason": "signal", "step": 31, "exit_code": 0, "finished": False}
 
 
 def case(step=None, batch=None, *, exit_code, nodes=("node-01",), stop_reason=None, state=None, flag=False,
-         expect, decisions):
+         expect, decisions, node_info=None, batch_signal=None):
+    """node_info: ``scontrol show node`` of the attempt's nodes as the trap would read it (state, reason, addr);
+    batch_signal: the signal the batch shell received (``scancel --signal=TERM --full``, preemption)."""
     return dict(step=step, batch=batch, exit_code=exit_code, nodes=list(nodes), stop_reason=stop_reason,
-                state=state, flag=flag, expect=expect, decisions=decisions)
+                state=state, flag=flag, expect=expect, decisions=decisions, node_info=node_info or {},
+                batch_signal=batch_signal)
+
+
+DOWN = {"state": "DOWN+NOT_RESPONDING", "reason": "Not responding", "addr": ""}
+UP = {"state": "ALLOCATED", "reason": "", "addr": ""}
+NIDS = ("nid001", "nid002", "nid003", "nid004")
 
 
 # decisions: (default, megatron_transient, megatron_aggressive, megatron_conservative, nemo_run rule with FT)
@@ -106,14 +114,47 @@ CASES = {
         "healthy_ours_ft.log", "step_cancelled_batch.log", exit_code=0, state="RUNNING",
         expect={"error_type": "finished", "source": "exit_code"},
         decisions=("free", "free", "free", "free", "free")),
-    "user_cancel_from_log_only": case(
+    "signal_to_the_whole_job_is_no_cancel": case(  # captured: slurmstepd prints the job's line for --full too
+        "healthy_ours_ft.log", "signal_full_batch.log", exit_code=137, state="RUNNING", batch_signal="TERM",
+        expect={"error_type": "preempted", "source": "log", "signal": "SIGTERM"},
+        decisions=("free", "free", "free", "free", "free")),
+    "user_cancel_from_log_only": case(  # the line names the batch host: not a suspect of anything
         "healthy_ours_ft.log", "user_cancel_batch.log", exit_code=143,
-        expect={"error_type": "user_cancel", "source": "slurm", "hosts": ["nid001002"]},
+        expect={"error_type": "user_cancel", "source": "slurm", "hosts": [],
+                "fields": {"batch_host": "nid001002"}},
         decisions=("stop", "stop", "stop", "stop", "stop")),
     "node_fail": case(
         None, "node_failure_batch.log", exit_code=None, nodes=("nid003310",), state="NODE_FAIL",
         expect={"error_type": "node_fail", "source": "slurm", "hosts": ["nid003310"]},
         decisions=("requeue", "x:nid003310", "x:nid003310", "x:nid003310", "requeue")),
+    # --- which node failed (jobs/attribution.py): 2-4-node attempts, the exact node excluded ------------------
+    "node_failure_srun_names_the_dead_node_not_the_batch_host": case(  # nid001 (batch host) is healthy
+        None, "node_failure_multinode_batch.log", exit_code=None, nodes=NIDS, state="NODE_FAIL",
+        expect={"error_type": "node_fail", "source": "slurm", "hosts": ["nid003"]},
+        decisions=("requeue", "x:nid003", "x:nid003", "x:nid003", "requeue")),
+    "node_failure_slurm_record_names_the_down_node": case(  # slurmstepd names nid001; scontrol: nid002 DOWN
+        None, "node_failure_batch_host_line_only.log", exit_code=None, nodes=NIDS[:2], state="NODE_FAIL",
+        node_info={"nid001": UP, "nid002": DOWN},
+        expect={"error_type": "node_fail", "source": "slurm", "hosts": ["nid002"]},
+        decisions=("requeue", "x:nid002", "x:nid002", "x:nid002", "requeue")),
+    "node_failure_naming_only_the_batch_host_excludes_nothing": case(  # no record, 2 nodes: nobody blamed
+        None, "node_failure_batch_host_line_only.log", exit_code=None, nodes=NIDS[:2], state="NODE_FAIL",
+        node_info={"nid001": UP, "nid002": UP},
+        expect={"error_type": "node_fail", "source": "slurm", "hosts": []},
+        decisions=("requeue", "requeue", "requeue", "requeue", "requeue")),
+    "xid_gathered_from_a_node_names_that_node": case(  # "<node>: [ t] NVRM: Xid" on 1 of 3 nodes
+        "xid_node_prefixed.log", exit_code=1, nodes=NIDS[:3],
+        expect={"error_type": "xid_error", "source": "log", "hosts": ["nid002"], "fields": {"xid": "48"}},
+        decisions=("requeue", "x:nid002", "x:nid002", "x:nid002", "requeue")),
+    "first_failed_task_over_the_peers_that_timed_out": case(  # srun: nid003's task failed first
+        "first_failed_task_step.log", "first_failed_task_batch.log", exit_code=1, nodes=NIDS[:3],
+        expect={"error_type": "nccl_timeout", "source": "log", "hosts": ["nid003"]},
+        decisions=("requeue", "requeue", "x:nid003", "stop", "requeue")),
+    "ib_error_names_the_remote_peer_by_address": case(  # node-2 reports; the peer 10.2.0.5 is node-1
+        "ib_peer_named.log", exit_code=1, nodes=("node-1", "node-2"),
+        node_info={"node-1": {**UP, "addr": "10.2.0.5"}, "node-2": {**UP, "addr": "10.2.0.4"}},
+        expect={"error_type": "nccl_error", "source": "log", "hosts": ["node-1"]},
+        decisions=("requeue", "requeue", "x:node-1", "stop", "requeue")),
     "time_limit": case(
         "healthy_megatron.log", "time_limit_batch.log", exit_code=143, state="TIMEOUT",
         expect={"error_type": "time_limit", "source": "slurm"},
@@ -166,7 +207,8 @@ CASES = {
 }
 
 
-def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledger]:
+def lay_out(tmp_path, c: dict, policy: str | None, settings: dict | None = None) -> tuple[JobLevelConfig, Ledger]:
+    """The case's files in a job/run directory; ``settings``: a plugin's resolved policy/monitors (else ``policy``)."""
     job_dir, run_dir = tmp_path / "job", tmp_path / "run"
     job_dir.mkdir(parents=True)
     run_dir.mkdir(parents=True)
@@ -179,10 +221,13 @@ def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledg
     flag = job_dir / "gpt_finished_flag"
     if c["flag"]:
         flag.write_text("")
-    resolved, monitor_specs = resolve(policy, None)
+    if settings is None:
+        resolved, monitor_specs = resolve(policy, None)
+        settings = {"policy": resolved, "monitors": monitor_specs}
     cfg = JobLevelConfig(job_name="gpt", job_dir=str(job_dir), ledger=str(run_dir / "job_ledger.jsonl"),
                          finished_flag=str(flag), run_dir=str(run_dir), stop_reason=str(run_dir / "stop_reason.json"),
-                         metrics=str(run_dir / "metrics.jsonl"), ft=True, policy=resolved, monitors=monitor_specs)
+                         metrics=str(run_dir / "metrics.jsonl"), ft=True, policy=settings["policy"],
+                         monitors=settings["monitors"], monitor_only=settings.get("monitor_only", False))
     ledger = Ledger(cfg.ledger)
     ledger.append({"kind": "attempt_start", "job_id": "77", "slurm_restart": 0, "resubmission": 0,
                    "nodes": ",".join(c["nodes"]), "time": 0.0, "batch_log_offset": 0})
@@ -190,8 +235,8 @@ def lay_out(tmp_path, c: dict, policy: str | None) -> tuple[JobLevelConfig, Ledg
 
 
 def encode(decision, cls) -> str:
-    if decision.action == "stop":
-        return "stop"
+    if decision.action in ("stop", "record"):  # record: monitor-only
+        return decision.action
     if decision.exclude_applied:
         return "x:" + ",".join(decision.exclude_applied)
     return "requeue" if decision.spent else "free"
@@ -205,7 +250,8 @@ def test_classification_and_every_presets_decision(tmp_path, name):
     for i, policy in enumerate(PRESETS + (None,)):
         cfg, ledger = lay_out(tmp_path / str(i), c, policy)
         ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=c["exit_code"], slurm_state=c["state"],
-                             by="batch", retries=3, cluster_info=cluster)
+                             by="batch", retries=3, cluster_info=cluster, node_info=c["node_info"],
+                             batch_signal=c["batch_signal"])
         cls = ending.classification
         for key, value in c["expect"].items():
             actual = getattr(cls, key) if key != "fields" else {k: cls.fields.get(k) for k in value}
@@ -237,3 +283,20 @@ def test_nan_iterations_zero_never_matches_and_nonzero_is_only_a_warning():
     assert mon.scan([("log", line.format(0))], monitors) == []
     [signal] = mon.scan([("log", line.format(3))], monitors)
     assert (signal.error_type, signal.severity, signal.fields) == ("nan_inf", "warning", {"count": "3"})
+
+
+def test_the_evidence_records_every_host_it_read_and_from_which_line(tmp_path):
+    """A node failure on 4 nodes: srun names the dead node, slurmstepd the batch host; both are recorded, one blamed."""
+    c = CASES["node_failure_srun_names_the_dead_node_not_the_batch_host"]
+    cfg, ledger = lay_out(tmp_path, c, "megatron_transient")
+    ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=None, slurm_state="NODE_FAIL", by="batch",
+                         cluster_info=Cluster(nodes=[*NIDS, "nid005"], partition="batch"), node_info={})
+    recorded = ending.record["classification"]
+    assert [(m["host"], m["node"], m["role"], m["line"][:30]) for m in recorded["host_evidence"]] == [
+        ("nid003", "nid003", "failed", "srun: error: Node failure on n"),
+        ("nid001", "nid001", "batch_host", "slurmstepd: error: *** JOB 600"),
+    ]
+    assert recorded["hosts"] == ["nid003"]
+    assert recorded["attribution"] == "nid003: failed (strongest of 2 host mention(s))"
+    assert {m["source"] for m in recorded["host_evidence"]} == {f"log:{cfg.job_dir}/sbatch_acct.gpt_77.out"}
+    assert ending.record["decision"]["exclude_applied"] == ["nid003"]

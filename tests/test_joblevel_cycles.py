@@ -54,6 +54,8 @@ def check(cfg: JobLevelConfig, ledger: Ledger, logs: list[str]) -> None:
     assert ending.classification.error_type == "cuda_oom"  # the last cycle's log
     assert [c["cycle"] for c in record["cycles"]] == [0, 1]
     assert record["cycles"][0]["ended"]["error_type"] == "nccl_timeout"  # the first cycle's own log
+    # its lines name no node; the attempt ran on one: that node (the report's per-node table counts it)
+    assert record["cycles"][0]["ended"]["hosts"] == ["nid001"]
     assert [c["cycle_info"]["active_nodes"] for c in record["cycles"]] == ["nid001", "nid001"]
     assert record["cycles"][1]["cycle_info"]["cycle_start_time"] == "2026-11-23T05:20:30Z"
     assert [p for p in record["log_files"] if "ft_cycle_logs" in p] == logs

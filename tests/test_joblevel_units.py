@@ -37,15 +37,17 @@ rules:
     (lambda t: t.replace("crash: 1", "crash: -1"), "max_restarts.crash: must be an integer >= 0, got -1"),
     (lambda t: t.replace("stall: 1", "hang: 1"), "max_restarts.hang: unknown mode; allowed: ['crash', 'stall', "
                                                  "'timeout']"),
-    (lambda t: t.replace("[nccl_timeout]", "[nccl_hiccup]"), "rules[0].match.error_type: must be one of "
-                                                             "['finished', 'preempted',"),
+    (lambda t: t.replace("[nccl_timeout]", "[nccl_hiccup]"), "rules[0].match.error_type: unknown error type "
+                                                             "'nccl_hiccup'; must be one of this package's error "
+                                                             "types ['finished', 'preempted',"),
     (lambda t: t.replace("action: requeue", "action: retry"), "rules[0].action: must be one of ['requeue', "
                                                               "'requeue_excluding_nodes', 'stop'], got 'retry'"),
     (lambda t: t.replace("{error_type:", "{errortype:"), "rules[0].match.errortype: unknown key; allowed keys: "
-                                                         "['error_type', 'subsystem', 'signal']"),
+                                                         "['error_type', 'subsystem', 'signal', 'mode', 'monitor']"),
     (lambda t: t.replace("default_action: stop", "default_action: maybe"), "default_action: must be one of "
                                                                            "['requeue', 'stop'], got 'maybe'"),
-    (lambda t: t + "exclude_error_types: [oom]\n", "exclude_error_types: must be one of ['finished',"),
+    (lambda t: t + "exclude_error_types: [oomm]\n", "exclude_error_types: unknown error type 'oomm'; must be one "
+                                                    "of this package's error types ['finished',"),
     (lambda t: t.replace("{error_type: [nccl_timeout]}", "{signal: [SIGFOO]}"), "rules[0].match.signal: must be "
                                                                                 "one of ['SIGABRT',"),
 ])
@@ -78,11 +80,12 @@ monitors:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t + "    regex: x\n", "monitors[0] (my_lustre).regex: unknown key; allowed keys: ['name', "
-                                     "'error_type', 'severity', 'pattern', 'unless', 'subsystem']"),
+                                     "'error_type', 'severity', 'pattern', 'unless', 'subsystem', 'extract_groups']"),
     (lambda t: t.replace("timed out'", "timed out('"), "monitors[0] (my_lustre).pattern: not a valid regular "
                                                        "expression (missing ), unterminated subpattern"),
-    (lambda t: t.replace("communication_error", "lustre_error"), "monitors[0] (my_lustre).error_type: must be "
-                                                                 "one of ['finished',"),
+    (lambda t: t.replace("communication_error", "lustre_error"), "monitors[0] (my_lustre).error_type: unknown error "
+                                                                 "type 'lustre_error'; must be one of this package's "
+                                                                 "error types ['finished',"),
     (lambda t: t.replace("severity: fatal", "severity: critical"), "monitors[0] (my_lustre).severity: must be "
                                                                    "one of ['info', 'warning', 'error', 'fatal']"),
     (lambda t: t.replace("[megatron_basic]", "[megatron_everything]"), "monitors: must be a preset name "),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -146,6 +147,9 @@ def test_the_batch_script_leaves_an_attempt_slurm_requeued_itself_to_the_watcher
     set_state(job=job("PENDING", restarts=1), nodes={"n1": "down", "n2": "idle"})
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    # main ignores SIGTERM (as its own process, inside the EXIT trap); here it must not leak into this process:
+    # a child started with SIGTERM ignored cannot trap it (bash), and the sbatch-logic tests run bash
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
     assert batch_exit.main(["--config", cfg.path, "--exit-code", "0"]) == 0
     out = capsys.readouterr().out
     assert "was requeued by Slurm or the watcher (now PENDING, restart 1)" in out, out
@@ -236,3 +240,75 @@ def test_a_resubmission_with_min_nodes_asks_for_the_nodes_the_partition_can_give
         ("requeue", 1, 2), json.dumps(attempt)
     assert calls() == ["scontrol requeue 77", "sbatch --parsable --requeue --export=ALL,MEGATRON_RESILIENCE_"
                        f"RESUBMISSION=1 --job-name=acct.gpt --nodes=1 {cfg.sbatch_script}"]
+
+
+def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(fake, capsys):
+    """Issue 23: ``watch RUN_DIR --job-id ID`` on a pending job waits (saying why), then follows the chain."""
+    import threading
+
+    from megatron_resilience.jobs.watch_cli import main
+
+    cfg, ledger, set_state, calls = fake
+    os.remove(ledger.path)  # nothing has started yet: no ledger, no job-level config
+    set_state(job=job("PENDING", Reason="Priority", NodeList="(null)"))
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(code=main([cfg.run_dir, "--job-id", "77",
+                                                                       "--interval", "0.2"])))
+    thread.start()
+    time.sleep(1.5)
+    assert thread.is_alive() and ledger.records() == []
+    # the first attempt starts (the batch script writes its config and attempt_start), trains and finishes
+    with open(cfg.path, "w") as f:
+        f.write(cfg.to_json())
+    ledger.append({"kind": "attempt_start", "job_id": "77", "job_name": "acct.gpt", "slurm_restart": 0, "nodes": "n1",
+                   "time": time.time(), "config": cfg.path})
+    with open(cfg.stop_reason, "w") as f:
+        json.dump({"reason": "finished", "step": 100, "exit_code": 0, "finished": True}, f)
+    set_state(job=job("COMPLETED", ExitCode="0:0"), nodes={"n1": "idle"})
+    thread.join(timeout=120)
+    assert result == {"code": 0}
+    out = capsys.readouterr().out
+    assert out.count("waiting for the run's first attempt: job 77 is PENDING (Priority)") == 1, out
+    assert f"the run's first attempt started: watching with {cfg.path}" in out
+    [attempt] = ledger.attempts()
+    assert (attempt["by"], attempt["classification"]["error_type"]) == ("watcher", "finished")
+    assert ledger.final()["outcome"] == "finished" and calls() == []
+
+
+def test_a_watcher_for_a_job_cancelled_while_pending_gives_up(fake, capsys):
+    from megatron_resilience.jobs.watch_cli import main
+
+    cfg, ledger, set_state, calls = fake
+    os.remove(ledger.path)
+    set_state(runs=[{"JobID": "77", "State": "CANCELLED by 0", "ExitCode": "0:0", "NodeList": "None assigned"}])
+    assert main([cfg.run_dir, "--job-id", "77", "--interval", "0.2"]) == 1
+    assert "job 77 ended (CANCELLED) before its first attempt started: nothing to watch" in capsys.readouterr().out
+
+
+def test_monitor_only_watcher_records_what_the_job_could_not_and_never_acts(fake):
+    """A node failure Slurm requeued by itself, then the batch shell lost: recorded (classified), nothing done."""
+    import dataclasses
+
+    cfg, ledger, set_state, calls = fake
+    cfg = dataclasses.replace(cfg, policy=None, monitor_only=True)
+    (open(os.path.join(cfg.job_dir, "sbatch_acct.gpt_77.out"), "w")
+     .write("slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2026-03-10T01:44:09 DUE TO NODE FAILURE, SEE SLURMCTLD "
+            "LOG FOR DETAILS ***\n"))
+    set_state(job=job("PENDING", restarts=1, Reason="BeginTime"), nodes={"n1": "down", "n2": "idle"},
+              runs=[{"JobID": "77", "State": "NODE_FAIL", "ExitCode": "0:0", "NodeList": "n1"},
+                    {"JobID": "77", "State": "PENDING", "ExitCode": "0:0", "NodeList": "None assigned"}])
+    assert Watcher(cfg).step() is False  # Slurm's own requeue goes on: still watching
+    [attempt] = ledger.attempts()
+    assert (attempt["classification"]["error_type"], attempt["decision"]["action"], attempt["policy"]) == \
+        ("node_fail", "record", "monitor_only")
+    assert calls() == [] and ledger.final() is None
+    ledger.append({"kind": "attempt_start", "job_id": "77", "job_name": "acct.gpt", "slurm_restart": 1,
+                   "nodes": "n2", "time": time.time() - 10,
+                   "batch_log_offset": os.path.getsize(os.path.join(cfg.job_dir, "sbatch_acct.gpt_77.out"))})
+    set_state(job=job("FAILED", restarts=1, ExitCode="0:9", NodeList="n2"), nodes={"n1": "down", "n2": "idle"},
+              runs=[{"JobID": "77", "State": "NODE_FAIL", "ExitCode": "0:0", "NodeList": "n1"},
+                    {"JobID": "77", "State": "FAILED", "ExitCode": "0:9", "NodeList": "n2"}])
+    assert Watcher(cfg).step() is True
+    last = ledger.attempts()[-1]
+    assert (last["classification"]["error_type"], last["decision"]["action"]) == ("batch_lost", "record")
+    assert calls() == [] and ledger.final()["outcome"] == "monitor_only"

@@ -26,6 +26,7 @@ REQUEUED = ["requeue 42"]
 
 SRUN_STUB = r"""#!/bin/bash
 case "$*" in *hostname*) echo 127.0.0.1; exit 0;; esac
+[ -n "$SRUN_CALLS" ] && echo "$$ $(ps -o sid= -p $$ | tr -d ' ') $*" >> "$SRUN_CALLS"
 out=""; prev=""
 for a in "$@"; do [ "$prev" = "--output" ] && out="$a"; prev="$a"; done
 out="${out//%j/$SLURM_JOB_ID}"
@@ -36,6 +37,8 @@ case "$action" in
   finish) reason finished; touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 0;;
   preempt) reason signal; exit 0;;      # ft_launcher: every rank saved and exited 0
   preempt1) reason signal; exit 1;;     # torchrun exits 1 after forwarding the signal
+  fullterm) kill -TERM $PPID; sleep 1; reason signal; exit 0;;  # scancel --full: the batch shell is signalled too
+  fullterm_killed) kill -TERM $PPID; sleep 1; exit 143;;          # ... and the step ended without saving
   rerun17) reason rerun17; touch "$FAULT_TOL_FINISHED_FLAG_FILE"; exit 17;;
   rerun16) reason rerun16; cp "$CORPUS/rerun_16.log" "$out"; exit 16;;
   oom) cp "$CORPUS/cuda_oom.log" "$out"; exit 1;;
@@ -73,7 +76,8 @@ def stop_reasons(folder) -> str:
     return str(folder)
 
 
-def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, preemption: bool = True) -> dict:
+def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, preemption: bool = True,
+           monitor_only: bool = False, ft_args: dict | None = None) -> dict:
     """The sbatch script of a gpt job (FT and/or preemption, optionally a RestartPolicyPlugin) and its folders."""
     from megatron_resilience.config import CheckpointConfig
     from megatron_resilience.entry import pretrain
@@ -85,9 +89,10 @@ def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, p
     task = run.Partial(pretrain, run_dir=str(run_dir), checkpoint=run.Config(CheckpointConfig, save=str(run_dir / "c")))
     executor = run.SlurmExecutor(account="acct", partition="batch", nodes=1, ntasks_per_node=2, time="04:00:00",
                                  retries=retries, tunnel=run.LocalTunnel(job_dir=str(cluster)))
-    plugins = ([FaultTolerancePlugin(num_job_retries_on_failure=retries)] if ft else []) + \
+    plugins = ([FaultTolerancePlugin(num_job_retries_on_failure=retries, **(ft_args or {}))] if ft else []) + \
               ([PreemptionPlugin()] if preemption else []) + \
-              ([RestartPolicyPlugin(policy=policy)] if policy else [])
+              ([RestartPolicyPlugin(policy=policy)] if policy else []) + \
+              ([RestartPolicyPlugin(policy=None)] if monitor_only else [])
     script = preview(task, executor, plugins, name="gpt")
     job_dir = cluster / "gpt" / "gpt_preview" / "gpt"
     job_dir.mkdir(parents=True)
@@ -97,7 +102,7 @@ def render(tmp_path, *, ft: bool, retries: int = 0, policy: str | None = None, p
 
 
 def run_attempts(job: dict, plan: str, *, python: str = sys.executable, nodes: str = "localhost",
-                 partition: str | None = None, job_state: str = "RUNNING", restarts=None):
+                 partition: str | None = None, job_state: str = "RUNNING", restarts=None, env_extra=None):
     """Run the batch script as Slurm would: again after each requeue. [(exit code, scontrol calls)], outputs."""
     tmp = job["tmp"]
     bin_dir = tmp / "bin"
@@ -114,7 +119,8 @@ def run_attempts(job: dict, plan: str, *, python: str = sys.executable, nodes: s
                "SLURM_JOB_NODELIST": nodes, "SLURM_JOB_PARTITION": "batch", "PARTITION_NODES": partition or nodes,
                "JOB_STATE": job_state, "RUN_DIR": job["run_dir"], "CORPUS": CORPUS,
                "STOP_REASONS": stop_reasons(reasons),
-               "MEGATRON_RESILIENCE_PYTHON": python, **({"SLURM_RESTART_COUNT": str(restart)} if restart else {})}
+               "MEGATRON_RESILIENCE_PYTHON": python, **({"SLURM_RESTART_COUNT": str(restart)} if restart else {}),
+               **(env_extra or {})}
         proc = subprocess.run(["bash", "-c", job["script"]], env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 99, proc.stderr
         made = calls.read_text().splitlines() if calls.exists() else []
@@ -340,3 +346,59 @@ def test_golden_scripts_are_valid_bash():
     for path in sorted(glob.glob(os.path.join(GOLDEN, "*.sh"))):
         proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
         assert proc.returncode == 0, f"{path}: {proc.stderr}"
+
+
+@pytest.mark.parametrize("ft, plan", [(True, "fullterm finish"), (False, "fullterm finish"),
+                                      (True, "fullterm_killed finish")])
+def test_the_batch_shell_survives_the_schedulers_signal_and_requeues_without_a_retry(tmp_path, ft, plan):
+    """scancel --signal=TERM --full / PreemptMode with GraceTime: the batch shell is signalled while the step runs.
+    It waits for the step, decides (a preemption: requeued, no retry spent), and the next attempt finishes."""
+    job = render(tmp_path, ft=ft, policy="megatron_transient")
+    got, outputs = run_attempts(job, plan)
+    assert got == [(0 if plan.startswith("fullterm ") else 143, REQUEUED), (0, [])], outputs
+    first, second = ledger(job, "attempt")
+    assert "megatron_resilience: the batch shell received SIGTERM (preemption, scancel --full); the job step has " \
+           "ended: deciding" in outputs[0], (outputs[0], first)
+    assert (first["batch_signal"], first["classification"]["error_type"], first["decision"]["action"],
+            first["decision"]["spent"]) == ("SIGTERM", "preempted", "requeue", None), first
+    assert first["decision"]["budget_left"] == {"crash": 3, "stall": 2, "timeout": 1}
+    assert (second["classification"]["error_type"], second["decision"]["outcome"]) == ("finished", "finished")
+    if ft:
+        assert results(job) == ["42 0 S", "42 1 S"]  # nemo_run's own record spends no retry either
+
+
+@pytest.mark.parametrize("plan, attempts, outcome, error_type", [
+    ("fail finish", [(1, [])], "monitor_only", "unknown"),
+    ("oom finish", [(1, [])], "monitor_only", "cuda_oom"),
+    ("preempt finish", [(0, [])], "monitor_only", "preempted"),  # not even a preemption is requeued
+    ("finish", [(0, [])], "finished", "finished"),
+])
+def test_monitor_only_records_every_attempt_and_never_requeues(tmp_path, plan, attempts, outcome, error_type):
+    """RestartPolicyPlugin(policy=None): classified and recorded; neither a policy nor executor.retries requeues."""
+    job = render(tmp_path, ft=True, retries=3, monitor_only=True)
+    got, outputs = run_attempts(job, plan)
+    assert got == attempts
+    [attempt] = ledger(job, "attempt")
+    assert (attempt["policy"], attempt["classification"]["error_type"], attempt["decision"]["action"]) == \
+        ("monitor_only", error_type, "record")
+    [final] = ledger(job, "final")
+    assert final["outcome"] == outcome
+    assert f"megatron_resilience: monitor-only: attempt 0 ended {error_type} (" in outputs[0]
+    assert not os.path.exists(os.path.join(job["job_dir"], "gpt_job_level_stopped"))  # a later requeue may run
+
+
+def test_the_job_step_gets_the_ft_launcher_flags_and_its_own_session(tmp_path):
+    """FaultTolerancePlugin's srun wrapper (ft_launcher flags nemo_run has no field for, srun --kill-on-bad-exit=0
+    for in-process restart) and the job-level block's srun in a session of its own (setsid -w) compose: the step
+    runs with the flags inserted AND outside the batch shell's session."""
+    job = render(tmp_path, ft=True, policy="megatron_transient",
+                 ft_args={"nvrx_version": "0.6", "max_no_progress_cycles": 4, "inprocess_restart": True})
+    calls = tmp_path / "srun_calls"
+    got, outputs = run_attempts(job, "finish", env_extra={"SRUN_CALLS": str(calls)})
+    assert got == [(0, [])], outputs
+    [step] = [line for line in calls.read_text().splitlines() if " ft_launcher " in line]
+    pid, sid, argv = step.split(" ", 2)
+    assert pid == sid, step  # srun leads a session of its own: a signal to the batch shell's group misses it
+    # srun takes the last --kill-on-bad-exit (tests/slurm/test_inprocess_on_slurm.py checks it on Slurm)
+    assert " --wait=60 --kill-on-bad-exit=1 --kill-on-bad-exit=0 ft_launcher --ft-max-no-progress-cycles 4 " \
+        "--ft-workload_check_interval 5.0 " in argv, argv

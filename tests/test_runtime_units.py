@@ -108,3 +108,29 @@ def test_cpu_compat_maps_cuda_to_cpu_and_keeps_rng_state_real():
         "type": "torch.cuda.FloatTensor",  # what Megatron's optimizer and clip_grads assert
         "stream": True, "rng_is_cpu": True, "tracker_replays": True, "default_untouched": True,
     }
+
+
+def test_a_lost_peer_is_one_line_also_when_it_is_the_cause_of_another_error():
+    """Issue 23: a surviving rank whose collective failed because another rank died logs one line; a save or a
+    cleanup that failed because of it (the gloo error as its cause or context) too, not chained tracebacks."""
+    from megatron_resilience.trainer import lost_a_peer
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+                        "by peer [127.0.0.1]:35228. This is typically caused by a remote worker crashing.")
+    assert lost_a_peer(gloo) == "Connection closed by peer"
+    try:
+        try:
+            raise gloo
+        except RuntimeError as err:
+            raise ValueError("checkpoint save failed") from err
+    except ValueError as wrapped:
+        assert lost_a_peer(wrapped) == "Connection closed by peer"
+    try:
+        try:
+            raise gloo
+        except RuntimeError:
+            raise KeyError("state") from None  # a context suppressed on purpose is still the context
+    except KeyError as during:
+        assert lost_a_peer(during) == "Connection closed by peer"
+    assert lost_a_peer(ValueError("bad value")) is None
+    assert lost_a_peer(ConnectionResetError(104, "Connection reset by peer")) == "Connection reset by peer"

@@ -6,7 +6,12 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.taxonomy`   error types, their retry mode (crash / stall / timeout) and subsystem;
 - :mod:`.monitors`   regex monitors over logs (YAML presets in ``presets/monitors/``) -> signals;
 - :mod:`.policies`   restart policies (YAML presets in ``presets/policies/``);
+- :mod:`.vocabulary` the log-monitoring tool's error types/subsystems and what each means here;
+- :mod:`.foreign_monitors`, :mod:`.foreign_policy` that tool's files (SlurmLogMonitor, per-mode policies),
+  translated once at load; :mod:`.policy_checks` rules that can never fire, requeues without a budget;
 - :mod:`.classifier` one classification per attempt from stop reason, NVRx, Slurm and log signals;
+- :mod:`.root_cause` the first rank to fail decides, its peers' communication errors are consequences;
+- :mod:`.attribution` which node failed: every host the evidence names, its role, the one(s) blamed;
 - :mod:`.decision`   the policy's decision (or nemo_run's rule) with budgets, progress and node exclusion;
 - :mod:`.evidence`   reading an attempt's logs, metrics, cycle-info files;
 - :mod:`.attempts`   classify + decide + the ledger record of one ended attempt;
@@ -14,5 +19,6 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.jobconfig`  the job-level config the plugins render into the sbatch script;
 - :mod:`.batch_exit` the batch script's EXIT trap; :mod:`.watcher` what the job cannot see about itself;
 - :mod:`.report`     the chain of attempts as a table, goodput/badput; :mod:`.timeline` its PNG;
+  :mod:`.node_history` the report's per-node table (failures attributed, exclusions);
   :mod:`.report_cli` the command line over both.
 """

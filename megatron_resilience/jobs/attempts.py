@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_resilience.jobs import attribution, finished, node_range, preemption_margin, slurm, taxonomy
 from megatron_resilience.jobs import evidence as ev
-from megatron_resilience.jobs import finished, node_range, preemption_margin, slurm, taxonomy
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
-from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run
+from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
 from megatron_resilience.jobs.ledger import Ledger
 
@@ -45,8 +45,14 @@ def chain_history(ledger: Ledger) -> list[dict[str, Any]]:
 
 def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: int, exit_code: int | None,
                 slurm_state: str | None, by: str, nodes: list[str] | None = None, partition: str | None = None,
-                retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None) -> Ending:
-    """Classify the attempt (job_id, restart), decide with the config's policy, and build its ledger record."""
+                retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None,
+                node_info: dict[str, dict[str, str]] | None = None, batch_signal: str | None = None) -> Ending:
+    """Classify the attempt (job_id, restart), decide with the config's policy, and build its ledger record.
+
+    ``node_info``: ``scontrol show node`` of the attempt's nodes (None: asked of Slurm when the attempt failed).
+    ``batch_signal``: the signal the batch shell received while the step ran (``TERM``: the scheduler stopped the
+    whole job — preemption, ``scancel --signal=TERM --full``), a preemption whatever the step's exit code says.
+    """
     start = attempt_start(ledger, job_id, restart) or {}
     nodes = nodes if nodes is not None else [n for n in str(start.get("nodes") or "").split(",") if n]
     monitors = cfg.load_monitors()
@@ -61,10 +67,14 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         if os.path.getmtime(cfg.stop_reason) < float(start["time"]):
             stop_reason = None  # an earlier attempt's
     evidence = AttemptEvidence(exit_code=exit_code, stop_reason=stop_reason, slurm_state=slurm_state,
-                               signals=files.last_cycle_signals() + ev.metrics_signals(mine),
+                               signals=files.last_cycle_signals() + ev.metrics_signals(mine)
+                               + ev.batch_signal(batch_signal),
                                no_restart_exit_code=cfg.no_restart_exit_code)
     cls = _finished_by_evidence(cfg, job_id, restart, exit_code) or classify(evidence)
-    cycles = _cycles(files, progress, cfg, mine)
+    if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)
+        info = node_info if node_info is not None else slurm.node_details(nodes)
+        attribute(cls, evidence.signals + attribution.node_state_signals(info), nodes, info)
+    cycles = _cycles(files, progress, cfg, mine, nodes)
     history = chain_history(ledger)
     record: dict[str, Any] = {
         "kind": "attempt", "by": by, "attempt_index": len(history), "job_id": str(job_id), "slurm_restart": restart,
@@ -74,6 +84,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         "checkpoint_step": progress["checkpoint_step"], "recomputed_steps": progress["recomputed_steps"],
         "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
         **node_range.attempt_sizes(mine),  # world size and DP of the attempt (and of each in-job cycle)
+        **({"batch_signal": f"SIG{batch_signal}"} if batch_signal else {}),
     }
     if cfg.min_nodes is not None:
         record["min_nodes"] = cfg.min_nodes
@@ -81,7 +92,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         record["preemption"] = preemption_margin.measure(stop_reason, mine, exit_time=record["end"],
                                                          preempt_time=cfg.preempt_time)
     policy = cfg.load_policy()
-    if policy is None:
+    if cfg.monitor_only:
+        decision = decide_monitor_only(cls)
+    elif policy is None:
         decision = decide_like_nemo_run(cls, history, retries=retries, ft=cfg.ft,
                                         finished_flag=os.path.exists(cfg.finished_flag))
     else:
@@ -90,11 +103,18 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         decision = decide(cls, policy, history, record, cluster,
                           finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None)
     record["decision"] = decision.to_dict()
-    record["policy"] = policy.name if policy else "nemo_run"
+    record["policy"] = policy.name if policy else ("monitor_only" if cfg.monitor_only else "nemo_run")
     count = node_range.plan(cfg, record, decision, history, partition=partition)
     if count is not None:
         record["node_count"] = count
     return Ending(cls, decision, record)
+
+
+def attribute(cls: Classification, signals: list, nodes: list[str], info: dict[str, dict[str, str]]) -> None:
+    """Record on ``cls`` every host the evidence names and the node(s) it blames (jobs/attribution.py)."""
+    found = attribution.mentions(signals, nodes, {n: i.get("addr", "") for n, i in info.items()})
+    cls.hosts, cls.attribution = attribution.suspects(found, nodes)
+    cls.host_evidence = [m.to_dict() for m in found]
 
 
 def _finished_by_evidence(cfg: JobLevelConfig, job_id: str, restart: int, exit_code: int | None) \
@@ -134,11 +154,13 @@ def _cycle_ends(mine: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
 
 
 def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig,
-            mine: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+            mine: list[dict[str, Any]] = (), nodes: list[str] = ()) -> list[dict[str, Any]]:
     """One entry per in-job (ft_launcher/torchrun) cycle: how it ended (earlier cycles) and where it resumed.
 
     An earlier cycle's ending is classified from its logs and, when the trainer wrote one, its ``end`` record
-    (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted it)."""
+    (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted it).
+    A failure names the node(s) its lines blame (``hosts``), by the attempt's rules: the report's per-node table
+    counts it, though no job-level decision followed it."""
     ends = _cycle_ends(list(mine))
     count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1)
     out = []
@@ -157,5 +179,8 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
                                          stop_reason=end if end and str(end.get("reason", "")).startswith("rerun:")
                                          else None))
             entry["ended"] = {"error_type": c.error_type, "reason": c.reason, "evidence": c.evidence[:2]}
+            if c.mode is not None:
+                attribute(c, sigs, list(nodes), {})
+                entry["ended"]["hosts"] = c.hosts
         out.append(entry)
     return out

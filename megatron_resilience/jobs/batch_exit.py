@@ -1,6 +1,7 @@
 """The batch script's EXIT trap: classify this attempt, decide, record, act; print the script's exit code.
 
     python -m megatron_resilience.jobs.batch_exit --config JOB_LEVEL_JSON --exit-code N [--nemo-run-retries R]
+        [--batch-signal TERM]
 
 Runs inside the job (no torch; imports in well under a second). The sbatch block (see
 ``megatron_resilience.plugins.batch_decision``) reads the last line, ``megatron_resilience: batch
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--exit-code", type=int, required=True, help="the job step's exit code")
     parser.add_argument("--nemo-run-retries", type=int, default=0, help="TORCHX_MAX_RETRIES as nemo_run set it")
+    parser.add_argument("--batch-signal", default="", help="a signal the batch shell received (TERM, ...), if any")
     args = parser.parse_args(argv)
 
     cfg = JobLevelConfig.read(args.config)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return _finish(args.exit_code)
     ending = end_attempt(cfg, ledger, job_id=job_id, restart=restart, exit_code=args.exit_code, slurm_state=state,
                          by="batch", partition=os.environ.get("SLURM_JOB_PARTITION") or info.get("Partition"),
-                         retries=args.nemo_run_retries)
+                         retries=args.nemo_run_retries, batch_signal=args.batch_signal or None)
     cls, decision = ending.classification, ending.decision
     ledger.append(ending.record)
     print(f"{PREFIX} attempt {ending.record['attempt_index']} (job {job_id}, restart {restart}) ended: "
@@ -79,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         resized = node_range.carry_out(ledger, ending.record, job_id, by="batch")
         if resized:
             print(f"{PREFIX} {resized}", flush=True)
+        return _finish(code)
+    if decision.action == "record":  # monitor-only: recorded; the job ends as it ended, nothing requeues it
+        message = (f"monitor-only: attempt {ending.record['attempt_index']} ended {cls.error_type} ({cls.reason}); "
+                   "recorded, not requeued (no restart policy)")
+        ledger.append({"kind": "final", "outcome": decision.outcome, "message": message, "job_id": job_id,
+                       "attempts": ending.record["attempt_index"] + 1, "by": "batch"})
+        print(f"{PREFIX} {message}", flush=True)
         return _finish(code)
     if decision.action == "stop":
         message = _final_message(cls, decision, ending.record)

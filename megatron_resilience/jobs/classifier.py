@@ -21,6 +21,7 @@ from typing import Any
 
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.monitors import Signal
+from megatron_resilience.jobs.root_cause import RootCause, first_failure, split_consequences
 
 MAX_EVIDENCE_LINES = 4
 # Slurm job states that say why the job ended, whatever the logs say.
@@ -50,18 +51,25 @@ class Classification:
     signal: str | None = None  # the signal that ended the attempt, when known (SIGKILL, SIGTERM, ...)
     evidence: list[str] = field(default_factory=list)
     fields: dict[str, str] = field(default_factory=dict)
-    hosts: list[str] = field(default_factory=list)  # machines the evidence points at
+    hosts: list[str] = field(default_factory=list)  # the nodes the evidence blames (jobs/attribution.py)
+    host_evidence: list[dict[str, Any]] = field(default_factory=list)  # every host read: role, line, source
+    attribution: str = ""  # why those nodes (one line)
+    monitors: list[str] = field(default_factory=list)  # the monitors whose lines decided (rules may match them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"error_type": self.error_type, "subsystem": self.subsystem, "severity": self.severity,
                 "mode": self.mode, "source": self.source, "reason": self.reason, "signal": self.signal,
-                "evidence": list(self.evidence), "fields": dict(self.fields), "hosts": list(self.hosts)}
+                "evidence": list(self.evidence), "fields": dict(self.fields), "hosts": list(self.hosts),
+                "host_evidence": list(self.host_evidence), "attribution": self.attribution,
+                "monitors": list(self.monitors)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Classification:
         return cls(**{k: data.get(k) for k in ("error_type", "subsystem", "severity", "mode", "source", "reason")},
                    signal=data.get("signal"), evidence=list(data.get("evidence") or []),
-                   fields=dict(data.get("fields") or {}), hosts=list(data.get("hosts") or []))
+                   fields=dict(data.get("fields") or {}), hosts=list(data.get("hosts") or []),
+                   host_evidence=list(data.get("host_evidence") or []), attribution=data.get("attribution") or "",
+                   monitors=list(data.get("monitors") or []))
 
 
 def _make(error_type: str, source: str, reason: str, *, severity: str = "fatal", signals: list[Signal] = (),
@@ -80,7 +88,8 @@ def _make(error_type: str, source: str, reason: str, *, severity: str = "fatal",
     subsystem = signals[0].subsystem if signals else kind.subsystem
     return Classification(error_type=error_type, subsystem=subsystem, severity=severity, mode=kind.mode,
                           source=source, reason=reason, signal=signal,
-                          evidence=[s.line for s in signals][:MAX_EVIDENCE_LINES], fields=merged, hosts=hosts)
+                          evidence=list(dict.fromkeys(s.line for s in signals))[:MAX_EVIDENCE_LINES], fields=merged,
+                          hosts=hosts, monitors=list(dict.fromkeys(s.monitor for s in signals)))
 
 
 def signal_name(number: int) -> str | None:
@@ -122,7 +131,11 @@ def classify(evidence: AttemptEvidence) -> Classification:
     # Only the job's own line (``*** JOB 43 ON host CANCELLED AT ...``) says a person cancelled the job: a line for
     # a job step alone (``STEP 43.1``) is also what slurmstepd prints when srun ends a step whose launcher exited
     # after forwarding a signal (torchrun, ft_launcher on one of several nodes), i.e. every preemption.
+    # slurmstepd also prints the job's line when a signal reaches the batch step (``scancel --signal=TERM --full``,
+    # measured on Slurm 22.05): with the batch shell signalled and Slurm's record still RUNNING, it is no cancel.
     cancel = [s for s in _of(sigs, "user_cancel") if "." not in str(s.fields.get("job", ""))]
+    if any(s.monitor == "batch_shell_signal" for s in sigs) and evidence.slurm_state == "RUNNING":
+        cancel = []
     if evidence.slurm_state == "CANCELLED" or (cancel and evidence.slurm_state in (None, "RUNNING", "COMPLETING")):
         return _make("user_cancel", "slurm", "the job was cancelled with scancel (Slurm state "
                      f"{evidence.slurm_state or 'from the log'}): a person's decision, never retried",
@@ -154,9 +167,11 @@ def classify(evidence: AttemptEvidence) -> Classification:
         return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
                      signals=_of(sigs, state_type), signal=ended_by)
 
+    root = first_failure(sigs)  # the launcher's first failed rank: its peers' communication errors follow from it
     for severity in ("fatal", "error"):
         # a cancel line was weighed above against Slurm's record; "killed" lines only name the signal
         deciding = [s for s in sigs if s.severity == severity and s.error_type not in ("killed", "user_cancel")]
+        deciding = split_consequences(deciding, root)
         if deciding:
             best = min(deciding, key=lambda s: taxonomy.rank(s.error_type))
             chosen = _of(deciding, best.error_type)
@@ -170,9 +185,24 @@ def classify(evidence: AttemptEvidence) -> Classification:
             return _make(best.error_type, source, f"{taxonomy.BY_NAME[best.error_type].meaning} "
                          f"({len(chosen)} line(s), monitor {best.monitor})", severity=severity,
                          signals=chosen + [s for s in extra if s not in chosen], signal=ended_by)
+    if root is not None and root.consequences:
+        return _first_failure(root, ended_by)
     if code == 0:
         return _make("finished", "exit_code", "the job step exited 0", severity="info")
     if ended_by is not None or (code is not None and code > 128):
         return _make("killed", "exit_code", f"killed by {ended_by or 'a signal'} (exit code {code}); no log line "
                      "explains it", signals=_of(sigs, "killed"), signal=ended_by)
     return _make("unknown", "exit_code", f"exit code {code} and no evidence of why", severity="error")
+
+
+def _first_failure(root: RootCause, ended_by: str | None) -> Classification:
+    """The first rank failed without a line of its own; its peers only lost contact with it."""
+    where = f" on {root.host}" if root.host else ""
+    if root.killed_by is not None:
+        signal = signal_name(root.killed_by) or f"signal {root.killed_by}"
+        return _make("killed", "launcher", f"rank {root.rank}{where} was killed by {signal} (the launcher's "
+                     f"report, exit code {root.exit_code}); {root.peers_line()}",
+                     signals=[root.signal, *root.consequences], signal=signal)
+    return _make("unknown", "launcher", f"rank {root.rank}{where} exited with code {root.exit_code} first (the "
+                 f"launcher's report) and no line of its own explains it; {root.peers_line()}",
+                 severity="error", signals=[root.signal, *root.consequences], signal=ended_by)

@@ -21,7 +21,7 @@ from megatron_resilience.jobs.policies import Policy
 
 @dataclass
 class Decision:
-    action: str  # "stop" | "requeue" | "scancel"
+    action: str  # "stop" | "requeue" | "scancel" | "record" (monitor-only: nothing done)
     reason: str
     final: bool = False  # the chain of attempts ends here
     outcome: str | None = None  # when final: finished | cancelled | stopped | budget_exhausted | no_progress
@@ -160,7 +160,7 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
         return Decision("stop", "cancelled by a person (scancel): never retried", final=True, outcome="cancelled")
     if kind in ("preempted", "system_cancel"):
         return Decision("requeue", f"{kind}: requeued without spending a retry", budget_left=_left(policy, history))
-    action, why = policy.action_for(kind, cls.subsystem, cls.signal)
+    action, why = policy.action_for(kind, cls.subsystem, cls.signal, tuple(cls.monitors))
     mode = cls.mode or "crash"
     left = _left(policy, history)
     if action == "stop":
@@ -184,6 +184,14 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
 
 def _left(policy: Policy, history: list[dict[str, Any]]) -> dict[str, int]:
     return {m: max(0, policy.max_restarts[m] - _spent(history, m)) for m in taxonomy.MODES}
+
+
+def decide_monitor_only(cls: Classification) -> Decision:
+    """Monitor-only (``RestartPolicyPlugin(policy=None)``): classified and recorded, never requeued."""
+    outcome = {"finished": "finished", "finished_but_alive": "finished", "user_cancel": "cancelled"}.get(
+        cls.error_type, "monitor_only")
+    return Decision("record", f"monitor-only: {cls.error_type} recorded, never requeued (no restart policy)",
+                    final=True, outcome=outcome)
 
 
 def decide_like_nemo_run(cls: Classification, history: list[dict[str, Any]], *, retries: int, ft: bool,

@@ -246,3 +246,13 @@ def metrics_signals(mine: list[dict[str, Any]]) -> list[Signal]:
                               severity="fatal", line=json.dumps(rec)[:300], source="metrics",
                               fields={"signal": name, "step": str(rec.get("step"))}))
     return out
+
+
+def batch_signal(name: str | None) -> list[Signal]:
+    """The signal the batch shell received while the job step ran, as a preemption signal (none: [])."""
+    if not name:
+        return []
+    signal = name if name.startswith("SIG") else f"SIG{name}"
+    return [Signal(monitor="batch_shell_signal", error_type="preempted", subsystem="scheduler", severity="fatal",
+                   line=f"the batch shell received {signal} while the job step ran (the scheduler stopped the job: "
+                        "preemption, scancel --signal --full)", source="batch", fields={"signal": signal})]

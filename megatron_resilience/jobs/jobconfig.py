@@ -42,7 +42,9 @@ class JobLevelConfig:
     cycle_info_dir: str | None = None
     cycle_log_prefix: str | None = None
     sbatch_script: str | None = None
-    policy: dict[str, Any] | None = None  # None: nemo_run's requeue rule (no RestartPolicyPlugin)
+    policy: dict[str, Any] | None = None  # None: nemo_run's requeue rule (no RestartPolicyPlugin), or monitor-only
+    # RestartPolicyPlugin(policy=None): monitors classify and the ledger records every attempt; nothing is requeued
+    monitor_only: bool = False
     # Monitor presets by name, and the monitors of a user's own files inlined (validated at submit time).
     monitors: list[str | dict[str, Any]] = field(default_factory=lambda: [DEFAULT_MONITORS])
     max_log_bytes: int = 8 << 20
@@ -59,6 +61,8 @@ class JobLevelConfig:
         for name in ("job_name", "job_dir", "ledger", "finished_flag"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"job_level.{name}: must be a non-empty path, got {getattr(self, name)!r}")
+        if self.monitor_only and self.policy is not None:
+            raise ConfigError("job_level.monitor_only: a monitor-only job has no policy, got one")
         if isinstance(self.no_restart_exit_code, bool) or not isinstance(self.no_restart_exit_code, int) \
                 or not 1 <= self.no_restart_exit_code <= 255:
             raise ConfigError(f"job_level.no_restart_exit_code: must be an integer in [1, 255], "
@@ -116,8 +120,7 @@ def resolve(policy: str | None, monitors: str | list[str] | None) -> tuple[dict 
     inlined, so the job does not need it and runs exactly what was checked here.
     """
     loaded = load_policy(policy) if policy is not None else None
-    specs = monitors if monitors is not None else (list(loaded.monitors) if loaded else [DEFAULT_MONITORS])
-    specs = [specs] if isinstance(specs, str) else list(specs)
+    specs = monitor_specs(loaded, monitors)
     out: list[str | dict] = []
     for spec in specs:
         found = load_monitors([spec])  # validates (raises naming the file and key)
@@ -126,6 +129,19 @@ def resolve(policy: str | None, monitors: str | list[str] | None) -> tuple[dict 
         else:
             out += [m.to_dict() for m in found if not m.reads_batch_log]
     return (loaded.to_dict() if loaded else None), out
+
+
+def monitor_specs(policy: Policy | None, monitors: str | list[str] | None) -> list[str]:
+    """The monitor presets/files in use: the ones given, else the policy's, else the default set."""
+    specs = monitors if monitors is not None else (list(policy.monitors) if policy else [DEFAULT_MONITORS])
+    return [specs] if isinstance(specs, str) else list(specs)
+
+
+def watcher_settings(policy: str | None, monitors: str | list[str] | None) -> dict[str, Any]:
+    """What a foreign monitoring file says for the watcher (``inactivity_threshold``), else {}."""
+    from megatron_resilience.jobs.monitors import foreign_settings
+
+    return foreign_settings(monitor_specs(load_policy(policy) if policy is not None else None, monitors))
 
 
 def ledger_path(run_dir: str | None, job_dir: str) -> str:

@@ -12,6 +12,7 @@ A monitor file (YAML; the presets in ``presets/monitors/`` are examples to copy)
         pattern: 'OutOfMemoryError: CUDA out of memory\\.(?: Tried to allocate (?P<alloc>\\S+ [KMGT]iB))?'
         unless: 'retrying'             # optional: a line that also matches this emits nothing
         subsystem: memory              # optional: defaults to the error type's
+        extract_groups: {size: alloc}  # optional: more field names for groups ("match": the whole match)
 
 Named groups become the signal's fields; a group named ``host`` names the machine the line points
 at (candidates for node exclusion), ``rank`` the rank. Only ``error`` and ``fatal`` signals can
@@ -19,6 +20,8 @@ classify an attempt; ``info``/``warning`` ones are kept as context. The Slurm mo
 (``presets/monitors/_slurm.yaml``: slurmstepd's cancellation lines, the trainer's own stop lines)
 are always on. Every file is checked when loaded, before submission: an unknown key, a regex
 that does not compile, an unknown error type or severity is an error naming the file and the key.
+Error types and subsystems may be named in the log-monitoring tool's vocabulary too (``vocabulary.py``),
+and that tool's own ``SlurmLogMonitor`` files load as they are (``foreign_monitors.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config._validate import ConfigError
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs import foreign_monitors, taxonomy, vocabulary
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "monitors")
 ALWAYS_ON = "_slurm"
 FILE_KEYS = ("name", "description", "include", "monitors")
-MONITOR_KEYS = ("name", "error_type", "severity", "pattern", "unless", "subsystem")
+MONITOR_KEYS = ("name", "error_type", "severity", "pattern", "unless", "subsystem", "extract_groups")
 REQUIRED_MONITOR_KEYS = ("name", "error_type", "severity", "pattern")
 
 
@@ -48,6 +51,7 @@ class Monitor:
     pattern: str
     unless: str | None = None
     subsystem: str | None = None
+    extract_groups: tuple[tuple[str, str], ...] = ()  # (field, group) pairs; group "match": the whole match
     source: str = ""
     _compiled: Any = field(default=None, compare=False, repr=False)
     _unless: Any = field(default=None, compare=False, repr=False)
@@ -58,6 +62,8 @@ class Monitor:
             out["unless"] = self.unless
         if self.subsystem:
             out["subsystem"] = self.subsystem
+        if self.extract_groups:
+            out["extract_groups"] = dict(self.extract_groups)
         out["from"] = self.origin
         return out
 
@@ -75,7 +81,12 @@ class Monitor:
         found = self._compiled.search(line)
         if found is None or (self._unless is not None and self._unless.search(line)):
             return None
-        return {k: v for k, v in found.groupdict().items() if v is not None}
+        fields = {k: v for k, v in found.groupdict().items() if v is not None}
+        for name, group in self.extract_groups:
+            value = found.group(0) if group == "match" else fields.get(group)
+            if value is not None:
+                fields[name] = value
+        return fields
 
 
 @dataclass(frozen=True)
@@ -112,16 +123,20 @@ def build_monitor(raw: Any, *, source: str, index: int) -> Monitor:
     for key in REQUIRED_MONITOR_KEYS:
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise ConfigError(f"{source}: {where}.{key}: must be a non-empty string, got {raw.get(key)!r}")
-    if raw["error_type"] not in taxonomy.NAMES:
-        raise ConfigError(f"{source}: {where}.error_type: must be one of {list(taxonomy.NAMES)}, "
-                          f"got {raw['error_type']!r}")
+    error_type = vocabulary.monitor_error_type(raw["error_type"], subsystem=raw.get("subsystem"), source=source,
+                                               key=f"{where}.error_type", foreign=False)
     if raw["severity"] not in taxonomy.SEVERITIES:
         raise ConfigError(f"{source}: {where}.severity: must be one of {list(taxonomy.SEVERITIES)}, "
                           f"got {raw['severity']!r}")
     subsystem = raw.get("subsystem")
-    if subsystem is not None and subsystem not in taxonomy.SUBSYSTEMS:
-        raise ConfigError(f"{source}: {where}.subsystem: must be one of {list(taxonomy.SUBSYSTEMS)}, "
-                          f"got {subsystem!r}")
+    if subsystem is not None:
+        names, _ = vocabulary.subsystems([subsystem], source=source, key=f"{where}.subsystem", foreign=False)
+        own = taxonomy.BY_NAME[error_type].subsystem
+        subsystem = own if own in names else names[0]
+    groups = raw.get("extract_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in groups.items()):
+        raise ConfigError(f"{source}: {where}.extract_groups: must map field names to capture group names, "
+                          f"got {groups!r}")
     compiled = {}
     for key in ("pattern", "unless"):
         text = raw.get(key)
@@ -134,9 +149,13 @@ def build_monitor(raw: Any, *, source: str, index: int) -> Monitor:
         except re.error as err:
             raise ConfigError(f"{source}: {where}.{key}: not a valid regular expression ({err}), got {text!r}") \
                 from None
-    return Monitor(name=raw["name"], error_type=raw["error_type"], severity=raw["severity"], pattern=raw["pattern"],
-                   unless=raw.get("unless"), subsystem=subsystem, source=source,
-                   _compiled=compiled["pattern"], _unless=compiled.get("unless"))
+    missing = sorted(g for g in groups.values() if g != "match" and g not in compiled["pattern"].groupindex)
+    if missing:
+        raise ConfigError(f"{source}: {where}.extract_groups: the pattern has no group named {missing[0]!r}; its "
+                          f"groups: {sorted(compiled['pattern'].groupindex)} (or 'match')")
+    return Monitor(name=raw["name"], error_type=error_type, severity=raw["severity"], pattern=raw["pattern"],
+                   unless=raw.get("unless"), subsystem=subsystem, extract_groups=tuple(groups.items()),
+                   source=source, _compiled=compiled["pattern"], _unless=compiled.get("unless"))
 
 
 def preset_names() -> list[str]:
@@ -168,9 +187,14 @@ def _parse_yaml(path: str, stamp: tuple[float, int]) -> Any:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
 
 
-def read_yaml(path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+def read_raw(path: str) -> Any:
+    """The file's YAML as data (a copy: callers may change it)."""
     info = os.stat(path)
-    data = copy.deepcopy(_parse_yaml(path, (info.st_mtime, info.st_size)))
+    return copy.deepcopy(_parse_yaml(path, (info.st_mtime, info.st_size)))
+
+
+def read_yaml(path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    data = read_raw(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a YAML mapping with keys {list(allowed)}, got {type(data).__name__}")
     unknown = sorted(set(data) - set(allowed))
@@ -197,8 +221,43 @@ def load_monitors(specs: str | list[str] | tuple[str, ...], *, _seen: tuple[str,
     return list(unique.values())
 
 
+def load_file_data(path: str) -> dict[str, Any]:
+    """A monitor file as this package's schema: that tool's SlurmLogMonitor files translated (said in the log)."""
+    raw = read_raw(path)
+    if foreign_monitors.is_foreign(raw):
+        data, notes, _ = foreign_monitors.translate(raw, source=path)
+        say_once(path, notes)
+        return data
+    return read_yaml(path, FILE_KEYS)
+
+
+def foreign_settings(specs: list[str]) -> dict[str, Any]:
+    """Settings a foreign monitoring file carries for the watcher (``inactivity_threshold``), by spec order."""
+    out: dict[str, Any] = {}
+    for spec in specs:
+        path = resolve_path(spec, "monitors", PRESET_DIR, preset_names())
+        raw = read_raw(path)
+        if foreign_monitors.is_foreign(raw):
+            out = {**foreign_monitors.translate(raw, source=path)[2], **out}
+    return out
+
+
+_SAID: set[tuple[str, str]] = set()
+
+
+def say_once(source: str, notes: list[str], *, warning: bool = False) -> None:
+    """Log what each key of a translated file became (or a warning about it), once per file and process."""
+    import logging
+
+    logger = logging.getLogger("megatron_resilience.jobs")
+    for note in notes:
+        if (source, note) not in _SAID:
+            _SAID.add((source, note))
+            logger.log(logging.WARNING if warning else logging.INFO, "%s: %s", source, note)
+
+
 def _load_file(path: str, *, _seen: tuple[str, ...]) -> list[Monitor]:
-    data = read_yaml(path, FILE_KEYS)
+    data = load_file_data(path)
     includes = data.get("include") or []
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         raise ConfigError(f"{path}: include: must be a list of preset names or files, got {includes!r}")

@@ -42,7 +42,7 @@ def plan(cfg: Any, record: dict[str, Any], decision: Any, history: list[dict[str
     for earlier in history:
         excluded |= set((earlier.get("decision") or {}).get("exclude_applied") or [])
     if states is None:
-        states = slurm.node_states(partition)
+        states = slurm.partition_node_states(partition)
     free = {n for n, s in states.items() if s in FREE_STATES}
     usable = {n for n in ran_on if states.get(n, "allocated") not in slurm.UNUSABLE_NODE_STATES}
     available = sorted((free | usable) - excluded)

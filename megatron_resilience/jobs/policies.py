@@ -13,30 +13,34 @@ A policy file (YAML; the presets in ``presets/policies/`` are documented example
     rules:                             # first match wins; every key given must match (lists are "any of")
       - match: {error_type: [nccl_timeout], subsystem: [communication], signal: [SIGABRT]}
         action: requeue                # requeue | requeue_excluding_nodes | stop
+      - match: {mode: [stall]}         # also: monitor: [names of the monitors whose lines decided]
+        action: requeue
 
 Not failures, the same under every policy: a finished run stops, a person's ``scancel`` is never
 retried, a run that stopped on a signal (preemption, time-limit warning) or was preempted by the
 scheduler is requeued without spending a retry. Everything is validated when loaded (before
-submission): unknown keys, unknown error types/subsystems/actions, negative numbers, each error
-names the file and the key.
+submission): unknown keys, unknown error types/subsystems/actions, negative numbers, a rule that can
+never fire or a requeue rule without a budget (``policy_checks.py``), each error names the file and
+the key. Error types and subsystems may be named in the log-monitoring tool's vocabulary too
+(``vocabulary.py``), and that tool's per-mode restart files load as they are (``foreign_policy.py``).
 """
 
 from __future__ import annotations
 
 import os
 import signal as _signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config._validate import ConfigError
-from megatron_resilience.jobs import taxonomy
-from megatron_resilience.jobs.monitors import read_yaml, resolve_path
+from megatron_resilience.jobs import foreign_policy, policy_checks, taxonomy, vocabulary
+from megatron_resilience.jobs.monitors import read_raw, read_yaml, resolve_path, say_once
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "policies")
 FILE_KEYS = ("name", "description", "monitors", "max_restarts", "max_attempts_without_progress",
              "exclude_nodes_after", "exclude_error_types", "default_action", "rules")
 RULE_KEYS = ("match", "action")
-MATCH_KEYS = ("error_type", "subsystem", "signal")
+MATCH_KEYS = ("error_type", "subsystem", "signal", "mode", "monitor")
 ACTIONS = ("requeue", "requeue_excluding_nodes", "stop")
 DEFAULT_ACTIONS = ("requeue", "stop")
 SIGNAL_NAMES = tuple(sorted(s.name for s in _signal.Signals if not s.name.startswith("SIG_")))
@@ -48,11 +52,15 @@ class Rule:
     error_type: tuple[str, ...] = ()
     subsystem: tuple[str, ...] = ()
     signal: tuple[str, ...] = ()
+    mode: tuple[str, ...] = ()
+    monitor: tuple[str, ...] = ()
 
-    def matches(self, error_type: str, subsystem: str, signal: str | None) -> bool:
+    def matches(self, error_type: str, subsystem: str, signal: str | None, monitors: tuple[str, ...] = ()) -> bool:
         return ((not self.error_type or error_type in self.error_type)
                 and (not self.subsystem or subsystem in self.subsystem)
-                and (not self.signal or signal in self.signal))
+                and (not self.signal or signal in self.signal)
+                and (not self.mode or taxonomy.mode_of(error_type) in self.mode)
+                and (not self.monitor or bool(set(monitors) & set(self.monitor))))
 
     def to_dict(self) -> dict[str, Any]:
         match = {k: list(getattr(self, k)) for k in MATCH_KEYS if getattr(self, k)}
@@ -71,13 +79,16 @@ class Policy:
     default_action: str = "stop"
     rules: tuple[Rule, ...] = ()
     source: str = ""
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what a foreign key became
+    warnings: tuple[str, ...] = field(default=(), compare=False)  # rules that partly cannot work
 
-    def action_for(self, error_type: str, subsystem: str, signal: str | None) -> tuple[str, str]:
+    def action_for(self, error_type: str, subsystem: str, signal: str | None,
+                   monitors: tuple[str, ...] = ()) -> tuple[str, str]:
         """(action, why) for a failure; ``exclude_error_types`` always wins, then the first rule, then the default."""
         if error_type in self.exclude_error_types:
             return "stop", f"{error_type} is in exclude_error_types of policy {self.name}"
         for i, rule in enumerate(self.rules):
-            if rule.matches(error_type, subsystem, signal):
+            if rule.matches(error_type, subsystem, signal, monitors):
                 return rule.action, f"rule {i} of policy {self.name} ({rule.to_dict()['match']})"
         return self.default_action, f"default_action of policy {self.name}"
 
@@ -92,6 +103,17 @@ class Policy:
 
 def preset_names() -> list[str]:
     return sorted(n[:-5] for n in os.listdir(PRESET_DIR) if n.endswith(".yaml"))
+
+
+def _error_types(source: str, key: str, value: Any, notes: list[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{source}: {key}: must be a non-empty list of error types "
+                          f"({vocabulary.both_vocabularies()}), got {value!r}")
+    types, said = vocabulary.error_types(value, source=source, key=key, foreign=False)
+    notes += said
+    return types
 
 
 def _names(source: str, key: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -111,8 +133,8 @@ def _count(source: str, key: str, value: Any) -> int:
     return value
 
 
-def policy_from_dict(data: dict[str, Any], *, source: str) -> Policy:
-    """A validated Policy; every error names ``source`` (the file) and the key."""
+def policy_from_dict(data: dict[str, Any], *, source: str, notes: tuple[str, ...] = ()) -> Policy:
+    """A validated Policy; every error names ``source`` (the file) and the key. ``notes``: a translation's."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: must be a mapping with keys {list(FILE_KEYS)}, got {data!r}")
     unknown = sorted(set(data) - set(FILE_KEYS))
@@ -137,24 +159,27 @@ def policy_from_dict(data: dict[str, Any], *, source: str) -> Policy:
     default_action = data.get("default_action", "stop")
     if default_action not in DEFAULT_ACTIONS:
         raise ConfigError(f"{source}: default_action: must be one of {list(DEFAULT_ACTIONS)}, got {default_action!r}")
+    said = list(notes)
     excluded = data.get("exclude_error_types") or []
-    excluded = _names(source, "exclude_error_types", excluded, taxonomy.NAMES) if excluded else ()
+    excluded = _error_types(source, "exclude_error_types", excluded, said) if excluded else ()
     rules_raw = data.get("rules") or []
     if not isinstance(rules_raw, list):
         raise ConfigError(f"{source}: rules: must be a list of {{match: ..., action: ...}}, got {rules_raw!r}")
-    rules = tuple(_rule(source, i, raw) for i, raw in enumerate(rules_raw))
+    rules = tuple(_rule(source, i, raw, said) for i, raw in enumerate(rules_raw))
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ConfigError(f"{source}: description: must be a string, got {description!r}")
-    return Policy(
+    policy = Policy(
         name=name, description=description.strip(), monitors=tuple(monitors), max_restarts=max_restarts,
         max_attempts_without_progress=_count(source, "max_attempts_without_progress",
                                              data.get("max_attempts_without_progress", 3)),
         exclude_nodes_after=_count(source, "exclude_nodes_after", data.get("exclude_nodes_after", 0)),
         exclude_error_types=excluded, default_action=default_action, rules=rules, source=source)
+    warnings = policy_checks.check(policy)  # raises on a rule that can never fire or requeue; warns on a part
+    return replace(policy, notes=tuple(dict.fromkeys(said)), warnings=tuple(warnings))
 
 
-def _rule(source: str, index: int, raw: Any) -> Rule:
+def _rule(source: str, index: int, raw: Any, notes: list[str]) -> Rule:
     where = f"rules[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {where}: must be a mapping with keys {list(RULE_KEYS)}, got {raw!r}")
@@ -171,12 +196,39 @@ def _rule(source: str, index: int, raw: Any) -> Rule:
     unknown = sorted(set(match) - set(MATCH_KEYS))
     if unknown:
         raise ConfigError(f"{source}: {where}.match.{unknown[0]}: unknown key; allowed keys: {list(MATCH_KEYS)}")
-    allowed = {"error_type": taxonomy.NAMES, "subsystem": taxonomy.SUBSYSTEMS, "signal": SIGNAL_NAMES}
-    values = {k: _names(source, f"{where}.match.{k}", v, allowed[k]) for k, v in match.items()}
+    values: dict[str, tuple[str, ...]] = {}
+    for key, value in match.items():
+        at = f"{where}.match.{key}"
+        if key == "error_type":
+            values[key] = _error_types(source, at, value, notes)
+        elif key == "subsystem":
+            listed = [value] if isinstance(value, str) else value
+            if not isinstance(listed, list) or not listed:
+                raise ConfigError(f"{source}: {at}: must be a non-empty list of subsystems, got {value!r}")
+            values[key], said = vocabulary.subsystems(listed, source=source, key=at, foreign=False)
+            notes += said
+        elif key == "monitor":
+            listed = [value] if isinstance(value, str) else value
+            if not isinstance(listed, list) or not listed or not all(isinstance(v, str) and v for v in listed):
+                raise ConfigError(f"{source}: {at}: must be a non-empty list of monitor names, got {value!r}")
+            values[key] = tuple(listed)
+        else:
+            values[key] = _names(source, at, value, SIGNAL_NAMES if key == "signal" else taxonomy.MODES)
     return Rule(action=action, **values)
 
 
 def load_policy(spec: str) -> Policy:
-    """A preset name (``megatron_transient``) or a YAML file path -> a validated Policy."""
+    """A preset name (``megatron_transient``) or a YAML file path -> a validated Policy.
+
+    That tool's per-mode restart files are translated first; what each key became is logged once.
+    """
     path = resolve_path(spec, "policy", PRESET_DIR, preset_names())
-    return policy_from_dict(read_yaml(path, FILE_KEYS), source=path)
+    raw = read_raw(path)
+    if foreign_policy.is_foreign(raw):
+        data, notes = foreign_policy.translate(raw, source=path)
+        policy = policy_from_dict(data, source=path, notes=tuple(notes))
+    else:
+        policy = policy_from_dict(read_yaml(path, FILE_KEYS), source=path)
+    say_once(path, list(policy.notes))
+    say_once(path, list(policy.warnings), warning=True)
+    return policy

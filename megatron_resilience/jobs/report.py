@@ -31,6 +31,7 @@ from megatron_resilience.jobs import report_inputs as inputs
 from megatron_resilience.jobs.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
 from megatron_resilience.jobs.evidence import read_json, read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.jobs.node_history import format_node_table
 from megatron_resilience.jobs.optimum import Optimum, format_optimum, measure
 
 
@@ -217,6 +218,7 @@ def format_report(report: RunReport, *, evidence: bool = True) -> str:
         for r in report.rows:
             for line in r.evidence[:2]:
                 lines.append(f"  attempt {r.attempt} cycle {r.cycle} evidence: {line[:160]}")
+    lines += format_node_table(Ledger(os.path.join(report.run_dir, LEDGER_FILE)).attempts())
     acc = report.accounting
     lines += ["", f"goodput: {100 * acc.goodput:.1f}% (productive training {_dur(acc.productive)} of "
                   f"{_dur(acc.allocated)} allocated)"]

@@ -6,6 +6,7 @@ Reads only; commands that change anything (requeue, update, sbatch, scancel) go 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Any
 
@@ -69,6 +70,24 @@ def job_state(job_id: str) -> dict[str, Any]:
             last["State"].split(" by ")[-1] if " by " in last["State"] else None}
 
 
+def node_details(nodes: list[str]) -> dict[str, dict[str, str]]:
+    """``scontrol show node``: state, reason (a down node's, e.g. "Not responding") and address of each node."""
+    if not nodes:
+        return {}
+    out = _run(["scontrol", "-o", "show", "node", ",".join(nodes)]) or ""
+    found = {}
+    for line in out.splitlines():
+        name = re.search(r"\bNodeName=(\S+)", line)
+        if not name:
+            continue
+        state = re.search(r"\bState=(\S+)", line)
+        addr = re.search(r"\bNodeAddr=(\S+)", line)
+        reason = re.search(r"\bReason=(.*?)(?= [A-Z][A-Za-z]*=|$)", line)  # the reason may hold spaces
+        found[name.group(1)] = {"state": state.group(1) if state else "", "addr": addr.group(1) if addr else "",
+                                "reason": reason.group(1) if reason else ""}
+    return found
+
+
 def cluster(partition: str | None) -> Cluster:
     """The partition's nodes and which of them cannot take a job now (sinfo)."""
     cmd = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
@@ -85,7 +104,7 @@ def cluster(partition: str | None) -> Cluster:
     return Cluster(nodes=nodes, unusable=unusable, partition=partition or "")
 
 
-def node_states(partition: str | None) -> dict[str, str]:
+def partition_node_states(partition: str | None) -> dict[str, str]:
     """Node -> state of the partition's nodes (sinfo, lower case, flag suffixes such as ``*`` dropped; {} when
     sinfo fails). A node in two states (e.g. idle and allocated CPUs) reads as the first sinfo lists."""
     out = _run(["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])) or ""

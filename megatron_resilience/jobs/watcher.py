@@ -184,7 +184,8 @@ class Watcher:
             lost = Classification(error_type="batch_lost", subsystem="node", severity="fatal", mode="crash",
                                   source="slurm", reason=f"the batch script ended without recording a decision "
                                   f"(Slurm state {state}, exit {exit_code})", signal=cls.signal,
-                                  evidence=cls.evidence, fields=cls.fields, hosts=[])
+                                  evidence=cls.evidence, fields=cls.fields, hosts=cls.hosts,
+                                  host_evidence=cls.host_evidence, attribution=cls.attribution)
             ending = self._redecide(ending, lost)
         log(f"job {job} restart {restart} ended ({state}): {ending.classification.error_type}: "
             f"{ending.decision.message()}")
@@ -192,9 +193,13 @@ class Watcher:
 
     def _redecide(self, ending: Ending, cls: Classification) -> Ending:
         from megatron_resilience.jobs.attempts import chain_history
-        from megatron_resilience.jobs.decision import decide
+        from megatron_resilience.jobs.decision import decide, decide_monitor_only
 
         policy = self.cfg.load_policy()
+        if self.cfg.monitor_only:
+            decision = decide_monitor_only(cls)
+            return Ending(cls, decision, {**ending.record, "classification": cls.to_dict(),
+                                          "decision": decision.to_dict()})
         if policy is None:
             return ending
         record = {**ending.record, "classification": cls.to_dict()}
@@ -210,6 +215,8 @@ class Watcher:
     def _carry_out(self, job: str, ending: Ending, *, already_requeued: bool) -> bool:
         self.ledger.append(ending.record)
         decision = ending.decision
+        if decision.action == "record":  # monitor-only: recorded; Slurm's own requeue (if any) goes on
+            return False if already_requeued else self._finish_chain(ending.record)
         if decision.action == "requeue":
             if not already_requeued:
                 ok, out = self.ledger.perform("requeue", ["scontrol", "requeue", job], by="watcher", job_id=job)
@@ -245,6 +252,8 @@ class Watcher:
         return True
 
     def _check_running(self, job: str, st: dict[str, Any]) -> bool:
+        if self.cfg.monitor_only:
+            return False  # nothing to act on: finished-but-alive and stalls are this package's actions
         stop = self.cfg.stop_reason
         start = attempt_start(self.ledger, job, int(st.get("restarts") or 0)) or {}
         if stop and os.path.exists(stop) and os.path.getmtime(stop) >= float(start.get("time") or 0):
@@ -353,10 +362,13 @@ def _step_logs(cfg: JobLevelConfig, job: str, restart: int) -> list[str]:
 
 
 def watch(cfg: JobLevelConfig, *, job_id: str | None, interval: float, once: bool) -> int:
-    if cfg.policy is None:
+    if cfg.policy is None and not cfg.monitor_only:
         log("this run has no restart policy (RestartPolicyPlugin): its batch script follows nemo_run's rule and "
             "there is nothing for a watcher to decide; `python -m megatron_resilience.report RUN_DIR` shows the chain")
         return 2
+    if cfg.monitor_only:
+        log("monitor-only (no restart policy): attempts the job could not record are classified and recorded; "
+            "nothing is requeued, resubmitted or cancelled")
     watcher = Watcher(cfg, job_id=job_id)
     try:
         watcher.lock()

@@ -76,6 +76,7 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
  "ledger": "/cluster/experiments/gpt/gpt_preview/gpt/job_ledger.jsonl",
  "max_log_bytes": 8388608,
  "metrics": null,
+ "monitor_only": false,
  "monitors": [
   "megatron_production"
  ],
@@ -91,6 +92,19 @@ MEGATRON_RESILIENCE_JOB_LEVEL
 megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)
 megatron_resilience_offset=$(stat -c %s /cluster/experiments/gpt/gpt_preview/gpt/sbatch_*_"$SLURM_JOB_ID".out 2>/dev/null | head -n 1)
 printf '{"v":1,"kind":"attempt_start","job_id":"%s","job_name":"%s","slurm_restart":%d,"resubmission":%d,"nodes":"%s","host":"%s","time":%s,"batch_log_offset":%d,"config":"%s"}\n' "$SLURM_JOB_ID" "$SLURM_JOB_NAME" "${SLURM_RESTART_COUNT:-0}" "${MEGATRON_RESILIENCE_RESUBMISSION:-0}" "$megatron_resilience_nodes" "$(hostname)" "$(date +%s.%N)" "${megatron_resilience_offset:-0}" /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json >> /cluster/experiments/gpt/gpt_preview/gpt/job_ledger.jsonl
+megatron_resilience_batch_signal=""  # a signal the scheduler sent this shell (preemption, scancel --full)
+megatron_resilience_signalled() {
+    megatron_resilience_batch_signal=$1
+    echo "megatron_resilience: the batch shell received SIG$1 (preemption, scancel --full); the job step has ended: deciding"
+}
+trap 'megatron_resilience_signalled TERM' TERM
+trap 'megatron_resilience_signalled INT' INT
+trap 'megatron_resilience_signalled USR1' USR1
+trap 'megatron_resilience_signalled USR2' USR2
+# srun in a session of its own: a signal to this script's process group must not make srun kill the step.
+# An srun wrapper defined above (FaultTolerancePlugin's ft_launcher flags) runs srun with this prefix itself.
+command -v setsid >/dev/null && megatron_resilience_srun_prefix='setsid -w'
+declare -F srun >/dev/null || srun() { ${megatron_resilience_srun_prefix:-command} srun "$@"; }
 megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}
 export TORCHX_MAX_RETRIES=1000000  # nemo_run's own failure limit never decides; see above
 scontrol() {
@@ -114,7 +128,7 @@ megatron_resilience_decide() {
     { set +exv; } 2>/dev/null
     trap '' TERM  # our own requeue makes Slurm signal this shell at once: finish recording first
     [ -n "$exitcode" ] || exit "$status"
-    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit --config /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" 2>&1)
+    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit --config /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" --batch-signal "$megatron_resilience_batch_signal" 2>&1)
     rc=$?
     printf "%s\n" "$out"
     code=$(printf '%s\n' "$out" | sed -n 's/^megatron_resilience: batch exit code \([0-9]*\)$/\1/p' | tail -n 1)

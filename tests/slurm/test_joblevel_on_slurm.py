@@ -8,14 +8,18 @@ real thing) and Megatron-Core's rerun error injection. What is asserted comes fr
 
 One module fixture submits every job at once and plays the watcher scenario (``watcher_scenario.py``:
 a job whose batch shell is SIGKILLed, so nothing inside the job can decide, then watchers killed
-mid-decision) from the moment the watched job is submitted.
+mid-decision) from the moment the watched job is submitted. Issue 23: one job gets
+SIGTERM in every process, its batch shell too, as real preemption with GraceTime (``scancel --signal=TERM
+--full`` for the batch step, a plain ``scancel --signal=TERM`` for the job steps): the batch script waits for
+the step, decides and requeues it without a retry, with no watcher.
 
-A node set DOWN under a running job (``test_node_down_is_recovered_by_the_watcher``) runs on the private
+A node set DOWN under a running two-node job (``test_node_down_is_recovered_by_the_watcher``) runs on the private
 multi-node instance (``multinode_cluster``; the shared single-node cluster's node is never set DOWN): the job
-goes to the ``faults`` partition and starts on its reserved node (the lowest ``Weight``), which is drained and
-set DOWN; Slurm ends the attempt NODE_FAIL and requeues it, the watcher records it (node_fail) and excludes the
-node, and the job resumes from its checkpoint on another node, ends COMPLETED, and its losses equal an
-uninterrupted run's.
+goes to the ``faults`` partition and starts on its reserved node (the lowest ``Weight``) and one other (the batch
+host); the reserved node is drained and set DOWN; Slurm ends the attempt NODE_FAIL and requeues it, the watcher
+records it (node_fail) and excludes the node that went down, not the batch host that slurmstepd's line names,
+and the job resumes from its checkpoint on two other nodes, ends COMPLETED, and its losses equal an
+uninterrupted two-node run's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -39,6 +44,7 @@ from slurm.watcher_scenario import Watcher, watcher_scenario
 run = import_nemo_run()
 
 from megatron_resilience.jobs.ledger import Ledger  # noqa: E402
+from megatron_resilience.jobs.monitors import load_monitors, scan  # noqa: E402
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin  # noqa: E402
 from megatron_resilience.recipes import RECIPES  # noqa: E402
 
@@ -59,8 +65,8 @@ rules:
   - match: {error_type: [rerun_resume]}
     action: requeue_excluding_nodes
 """
-def tiny(root: str, name: str, *, max_steps: int = STEPS, save_interval: int = SAVE, **edits):
-    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=1, num_gpus_per_node=1)
+def tiny(root: str, name: str, *, max_steps: int = STEPS, save_interval: int = SAVE, num_nodes: int = 1, **edits):
+    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=num_nodes, num_gpus_per_node=1)
     task.train.max_steps = max_steps
     task.checkpoint.save_interval = save_interval
     task.checkpoint.async_save = False  # no checkpoint writer process: fewer processes on a loaded machine
@@ -118,9 +124,14 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
         rerun__rerun_mode="validate_results", rerun__error_injection_rate=8,
         rerun__error_injection_type="persistent_error")
     job("cancelled", [PreemptionPlugin(), RestartPolicyPlugin(policy="megatron_aggressive")])
+    job("fullterm", transient)
+    full: dict = {}
+    fullterm = threading.Thread(target=signal_job_when_training, args=(js["fullterm"], full, 5), daemon=True)
+    fullterm.start()
 
     wait_until(lambda: js["cancelled"].last_step() >= 3, timeout=900, interval=0.2, what="cancelled to train")
     subprocess.run(["scancel", js["cancelled"].slurm_id], check=True)  # a person's scancel
+    fullterm.join(timeout=1200)
     scenario_thread.join(timeout=3000)
     if "error" in scenario:
         raise scenario["error"]
@@ -128,7 +139,21 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     once = subprocess.run([sys.executable, "-m", "megatron_resilience.watch", js["cancelled"].run_dir, "--once"],
                           env=slurm_cluster.env, capture_output=True, text=True, timeout=300)
     print(f"\njob-level Slurm jobs done in {time.monotonic() - t0:.0f} s")
-    return {"jobs": js, "finals": finals, "scenario": scenario, "cancel_watch": once}
+    return {"jobs": js, "finals": finals, "scenario": scenario, "cancel_watch": once, "full": full}
+
+
+def signal_job_when_training(job: Job, sent: dict, after_step: int) -> None:
+    """For a thread: SIGTERM to every process of the job, the batch shell included, as real preemption with
+    GraceTime does, once the first attempt trained ``after_step`` steps. On Slurm 22.05 ``scancel --signal=TERM
+    --full`` reaches the batch step only (its shell and the ``srun`` client; measured: the job step's process gets
+    nothing), so the job steps get theirs from a plain ``scancel --signal=TERM`` right after."""
+    try:
+        wait_until(lambda: job.last_step() >= after_step, timeout=900, interval=0.2, what=f"{job.name} to train")
+        subprocess.run(["scancel", "--signal=TERM", "--full", job.slurm_id], check=True, capture_output=True)
+        subprocess.run(["scancel", "--signal=TERM", job.slurm_id], check=True, capture_output=True)
+        sent["time"] = time.time()
+    except Exception as err:  # noqa: BLE001 - reported by the test
+        sent["error"] = err
 
 
 def states(job: Job) -> list[str]:
@@ -202,8 +227,39 @@ def test_a_persons_scancel_is_never_retried(jobs):
     # the EXIT trap had Slurm's KillWait to record it; the watcher records it otherwise
     assert [a["classification"]["error_type"] for a in attempts] == ["user_cancel"], attempts
     assert [f["outcome"] for f in ledger(job, "final")] == ["cancelled"]
+    # captured from this real job: slurmstepd's own line, as the always-on monitors read it (issue 23, section 3)
+    found = [s for s in scan([("log", line) for line in job.log().splitlines()], load_monitors([]))
+             if s.monitor == "slurm_cancelled_by_user" and s.fields["job"] == job.slurm_id]
+    assert found, job.describe()
+    # (a slurmd of a MULTIPLE_SLURMD build names its stepd "slurmstepd-<node>")
+    assert re.fullmatch(rf"slurmstepd(-\S+)?: error: \*\*\* JOB {job.slurm_id} ON \S+ CANCELLED AT \S+ \*\*\*",
+                        found[0].line), found[0].line
+    assert found[0].fields["batch_host"] == attempts[0]["nodes"][0]
     assert not [i for i in ledger(job, "intent") if i["action"] in ("requeue", "sbatch")]
     assert jobs["cancel_watch"].returncode == 0, jobs["cancel_watch"].stdout
+
+
+def test_signal_to_the_whole_job_batch_shell_included_is_a_free_requeue_without_a_watcher(jobs):
+    """Issue 23: ``scancel --signal=TERM --full`` reaches the batch shell too. It waits for the step (the trainer
+    saves and exits 0), decides itself — a preemption, requeued without spending a retry — and the requeued job
+    resumes from that checkpoint with the uninterrupted run's losses. No watcher runs for this job."""
+    js = jobs["jobs"]
+    job, ref = js["fullterm"], js["ref"]
+    assert "time" in jobs["full"], jobs["full"]
+    assert states(job) == ["REQUEUED", "COMPLETED"], job.describe()
+    first, second = ledger(job, "attempt")
+    assert (first["by"], first["batch_signal"], first["classification"]["error_type"],
+            first["classification"]["source"], first["decision"]["action"], first["decision"]["spent"]) == \
+        ("batch", "SIGTERM", "preempted", "stop_reason", "requeue", None), json.dumps(first)
+    assert first["decision"]["budget_left"] == {"crash": 3, "stall": 2, "timeout": 1}
+    assert "megatron_resilience: the batch shell received SIGTERM (preemption, scancel --full); the job step has " \
+           "ended: deciding" in job.log()
+    assert [(i["action"], i["by"]) for i in ledger(job, "intent")] == [("requeue", "batch")]
+    assert (second["by"], second["classification"]["error_type"], second["decision"]["outcome"]) == \
+        ("batch", "finished", "finished")
+    starts = job.starts()
+    assert len(starts) == 2 and starts[0] == 0 and starts[1] == first["checkpoint_step"] >= 5, job.describe()
+    assert job.losses() == ref.losses(), job.describe()
 
 
 def test_watcher_killed_between_deciding_and_submitting_leaves_exactly_one_live_job(jobs):
@@ -253,8 +309,9 @@ def resume(node: str) -> None:
 
 
 def test_node_down_is_recovered_by_the_watcher(multinode_cluster, nemorun_home, slurm_tmp):
-    """A node set DOWN under a running job: Slurm ends the attempt NODE_FAIL and requeues it; nothing inside the job
-    decides, the watcher records it (node_fail), excludes the node, and the job resumes on another node."""
+    """A node set DOWN under a running two-node job: Slurm ends the attempt NODE_FAIL and requeues it; nothing inside
+    the job decides. The watcher records it (node_fail) and excludes the node that went down — not the batch host,
+    which slurmstepd's "CANCELLED ... DUE TO NODE FAILURE" line names — and the job resumes on other nodes."""
     cluster = multinode_cluster
     assert cluster.fault_partition and cluster.fault_nodes, cluster
     node = cluster.fault_nodes[0]  # reserved: no other test's job runs there (scripts/slurm/multinode.env)
@@ -265,20 +322,22 @@ def test_node_down_is_recovered_by_the_watcher(multinode_cluster, nemorun_home, 
         return [PreemptionPlugin(), RestartPolicyPlugin(policy="megatron_transient")]
 
     def executor(c):
-        # srun-launched ranks meet on a port derived from the job id, and the default cluster's job ids may match
-        # this cluster's on the same machine: a port of its own.
-        return c.executor(time="00:30:00", env_vars={"MASTER_PORT": str(free_port())})
+        # one torchrun per node, meeting at the head node on a port of its own (other jobs share this machine)
+        return c.executor(time="00:30:00", nodes=2, ntasks_per_node=1, launcher=run.Torchrun(rdzv_port=free_port()))
 
     with use_cluster(cluster):
-        ref_task = tiny(root, "jl_node_down_ref", max_steps=WATCHED_STEPS)
+        ref_task = tiny(root, "jl_node_down_ref", max_steps=WATCHED_STEPS, num_nodes=2)
         ref = submit("jl_node_down_ref", ref_task, executor(cluster), plugins(), run_dir=ref_task.run_dir)
-        task = tiny(root, "jl_node_down", max_steps=WATCHED_STEPS)
+        task = tiny(root, "jl_node_down", max_steps=WATCHED_STEPS, num_nodes=2)
         # The faults partition spans every node; its reserved node has the lowest Weight, so the job starts there
-        # (scripts/slurm/render.sh) and its next attempt may run on any other node.
+        # and on one other node (scripts/slurm/render.sh); its next attempt may run on any two others.
         faults = dataclasses.replace(cluster, partition=cluster.fault_partition)
         job = submit("jl_node_down", task, executor(faults), plugins(), run_dir=task.run_dir)
         wait_until(lambda: SAVE in job.checkpoint_steps(), timeout=900, interval=0.2, what="the first checkpoint")
-        assert job.info()["NodeList"] == node, job.describe()
+        info = job.info()
+        first_nodes = subprocess.check_output(["scontrol", "show", "hostnames", info["NodeList"]], text=True).split()
+        batch_host = info["BatchHost"]
+        assert node in first_nodes and len(first_nodes) == 2 and batch_host != node, job.describe()
         watch_log = os.path.join(root, "watch.log")
         watcher = Watcher(job.run_dir, cluster.env, watch_log)
         try:
@@ -302,15 +361,26 @@ def test_node_down_is_recovered_by_the_watcher(multinode_cluster, nemorun_home, 
         assert ref_final["JobState"] == "COMPLETED", ref.describe()
         assert states(job) == ["NODE_FAIL", "COMPLETED"], job.describe()
         first, second = ledger(job, "attempt")
-        assert (first["by"], first["classification"]["error_type"], first["decision"]["action"],
-                first["decision"]["exclude_applied"]) == ("watcher", "node_fail", "requeue", [node]), \
-            json.dumps(first)
-        assert first["nodes"] == [node] and first["slurm_state"] == "NODE_FAIL", json.dumps(first)
+        cls, decision = first["classification"], first["decision"]
+        assert (first["by"], cls["error_type"], decision["action"], decision["exclude_applied"]) == \
+            ("watcher", "node_fail", "requeue", [node]), json.dumps(first)
+        assert sorted(first["nodes"]) == sorted(first_nodes) and first["slurm_state"] == "NODE_FAIL", json.dumps(first)
+        # every host the evidence named, and why the down node (not the batch host) was blamed
+        roles = {(m["node"], m["role"]) for m in cls["host_evidence"]}
+        assert (node, "failed") in roles and (batch_host, "failed") not in roles, cls["host_evidence"]
+        assert cls["hosts"] == [node], cls
+        # (drained, so still out of service when the watcher looks: DOWN+DRAIN, or IDLE+DRAIN once its slurmd is back)
+        assert any(m["role"] == "failed" and re.match(rf"scontrol show node {node}: State=\S*DRAIN\S* "
+                                                      r"Reason=mr-test-joblevel", m["line"])
+                   for m in cls["host_evidence"]), cls["host_evidence"]
+        # slurmstepd's real line, captured from this job: it names the batch host, as a batch host
+        assert any(m["role"] == "batch_host" and m["node"] == batch_host and "DUE TO NODE FAILURE" in m["line"]
+                   for m in cls["host_evidence"]), cls["host_evidence"]
         outcomes = [(o["action"], o["ok"]) for o in ledger(job, "outcome")]
         assert outcomes == [("exclude_nodes", True)], outcomes  # Slurm requeued it; the watcher only excludes
         assert (second["by"], second["classification"]["error_type"], second["slurm_restart"]) == \
             ("batch", "finished", 1), json.dumps(second)
-        assert second["nodes"] and node not in second["nodes"], json.dumps(second)
+        assert len(second["nodes"]) == 2 and node not in second["nodes"], json.dumps(second)
         [final_record] = ledger(job, "final")
         assert (final_record["outcome"], final_record["message"]) == ("finished", "training finished after 2 "
                                                                       "attempt(s)"), final_record
@@ -319,3 +389,8 @@ def test_node_down_is_recovered_by_the_watcher(multinode_cluster, nemorun_home, 
         assert second["resumed_from"] == starts[1], json.dumps(second)
         assert sorted(ref.losses()) == list(range(1, WATCHED_STEPS + 1)), ref.describe()
         assert job.losses() == ref.losses(), job.describe()
+        report = subprocess.run([sys.executable, "-m", "megatron_resilience.report", job.run_dir],
+                                capture_output=True, text=True, timeout=300, env=cluster.env)
+        table = report.stdout.split("per node:\n", 1)[1].split("\n\n", 1)[0]
+        assert re.search(rf"^{node} +\| 0 +\| 0: node_fail +\| 0$", table, re.M), report.stdout
+        assert re.search(rf"^{batch_host} +\| 0,1 +\| - +\| -$", table, re.M), report.stdout
