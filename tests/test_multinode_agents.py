@@ -211,20 +211,24 @@ def test_elastic_range_survivor_continues_at_the_smaller_size_and_finishes(runs)
     assert ref.returncode == 0, ref.log()[-3000:]
     assert run.lost and run.lost["node"] == 1 and survivor.returncode == 0, log[-6000:]
     assert run.flag.exists(), log[-6000:]  # finished inside this launch: nemo_run's FT script would not requeue
-    assert 10 in run.extra["checkpoints_at_loss"] and run.extra["step_at_loss"] < 20, run.extra
+    # The node is lost after step LOSE_AFTER_STEP, once every run of the module trains: on a loaded machine this run
+    # may be past its step-20 save by then. It resumes from the newest checkpoint at the loss, whichever that is.
+    resumed = max(run.extra["checkpoints_at_loss"])
+    assert resumed >= 10 and run.extra["step_at_loss"] < 30, run.extra
     # Round 0 with both nodes, then the survivor alone: round 1 closed with the one node that was left.
     assert re.search(r"has joined round 0 of the rendezvous '\S+' as rank 0 in a world of size 2", log), log[-6000:]
     assert re.search(r"has joined round 1 of the rendezvous '\S+' as rank 0 in a world of size 1", log), log[-6000:]
     assert "RendezvousTimeoutError" not in log
     starts = [(r["step"], r["world_size"], r["dp"]) for r in run.records("start")]
-    assert starts == [(0, 2, 2), (10, 1, 1)], starts
+    assert starts in ([(0, 2, 2), (resumed, 1, 1)], [(0, 2, 2), (resumed + 10, 1, 1)]), (starts, run.extra)
+    resumed = starts[1][0]  # a save in flight at the loss may have completed: the newer one
     assert "re-sharded over 1 data-parallel rank(s)" in log
     assert "global batch 8 = 2 micro-batches x 4 x dp 1" in log
     losses, reference = run.losses(), ref.losses()
     assert sorted(losses) == list(range(1, 31))
-    first = {r["step"]: r["loss"] for r in run.records("train")[:10]}
-    assert first == {s: reference[s] for s in range(1, 11)}  # before the loss: the same DP=2 run, bit for bit
-    for step in range(11, 31):  # after it: DP=1, the same samples per step, another summation order
+    first = {r["step"]: r["loss"] for r in run.records("train")[:resumed]}
+    assert first == {s: reference[s] for s in range(1, resumed + 1)}  # before the loss: the same DP=2 run, bitwise
+    for step in range(resumed + 1, 31):  # after it: DP=1, the same samples per step, another summation order
         assert abs(losses[step] - reference[step]) <= LOSS_TOLERANCE, (step, losses[step], reference[step])
     # Bounded from the loss: the rank's failure, dead-node detection, the rendezvous' last call (30 s), setup.
     assert survivor.ended - run.lost["at"] < JOIN_TIMEOUT + 600, run.log()[-6000:]

@@ -83,6 +83,31 @@ def test_trainer_refuses_a_load_folder_without_a_complete_checkpoint_and_an_opti
     assert "setup: starting at step 0" in optional and "step 2/2" in optional
 
 
+@pytest.mark.slow
+def test_a_restart_resumes_from_the_runs_own_save_folder_not_from_load(tmp_path):
+    """``checkpoint.load`` is where a run starts (another run's checkpoints); once the run saved into its own
+    ``checkpoint.save``, a restart (in-job, requeue) resumes there: going back to ``load`` would lose every step
+    since the start."""
+    env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
+               MASTER_PORT="29743")
+    common = [sys.executable, "-m", "megatron_resilience", "train.device=cpu", "checkpoint.save_interval=2"]
+
+    def train(name: str, *extra: str) -> str:
+        proc = subprocess.run(common + [f"run_dir={tmp_path / name}", *extra], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    start, own = tmp_path / "start" / "ckpt", tmp_path / "run" / "ckpt"
+    train("start", "train.max_steps=4", f"checkpoint.save={start}")
+    first = train("run", "train.max_steps=6", f"checkpoint.load={start}", f"checkpoint.save={own}")
+    assert "setup: resumed at step 4" in first and "resuming from there" not in first
+    again = train("run", "train.max_steps=8", f"checkpoint.load={start}", f"checkpoint.save={own}")
+    assert (f"checkpoint: {own} holds this run's own checkpoints: resuming from there, not from "
+            f"checkpoint.load={start}") in again
+    assert "setup: resumed at step 6" in again and "step 7/8" in again and "step 5/8" not in again
+
+
 # --- memory ------------------------------------------------------------------------------------------------------
 
 

@@ -34,7 +34,9 @@ INTERVAL_POLICIES = ("fixed", "young_daly")
 @dataclass(kw_only=True)
 class CheckpointConfig:
     save: str | None = None  # directory; None -> never save
-    load: str | None = None  # directory to resume from; None -> same as `save`
+    # directory to start from (pretrained weights, another run); None -> same as `save`. Once `save` holds a
+    # checkpoint of this run, restarts resume from there instead (no work since the start is lost).
+    load: str | None = None
     # A `load` folder other than `save` must hold a checkpoint; true: start from step 0 (and say so) when it has none.
     load_optional: bool = False
     save_interval: int | None = None  # steps; None -> only at the end / on graceful exit

@@ -154,11 +154,8 @@ class CheckpointManager:
         return self.config.save is not None and interval is not None and step > 0 and step % interval == 0
 
     def newest_complete_step(self) -> int | None:
-        """Collective: the step of the newest complete checkpoint under ``checkpoint.load`` (None: none)."""
-        root = self.config.load_dir
-        if root is None:
-            return None
-        candidates = _broadcast_object(layout.complete_checkpoints(root) if _rank() == 0 else None)
+        """Collective: the step of the newest complete checkpoint a resume would load (None: none)."""
+        _, candidates = self._resume_root(announce=False)
         return candidates[0] if candidates else None
 
     def take_interval_changes(self) -> list[dict[str, Any]]:
@@ -179,13 +176,32 @@ class CheckpointManager:
             self.interval.after_restart(state.step)
         return resumed
 
+    def _resume_root(self, *, announce: bool = True) -> tuple[str | None, list[int] | None]:
+        """The folder to resume from and its complete checkpoints (newest first; rank 0 lists, every rank gets it).
+
+        With ``load`` (a starting point: pretrained weights, another run) and a different ``save`` folder, the
+        run's own progress wins once ``save`` holds a complete checkpoint: a restart after the first save resumes
+        the run where it stopped instead of going back to ``load`` and losing every step since (NeMo's
+        AutoResume does the same; Megatron-LM users set ``--load`` and ``--save`` to one folder for it).
+        """
+        cfg = self.config
+        if cfg.load is not None and cfg.save is not None and os.path.abspath(cfg.load) != os.path.abspath(cfg.save):
+            own = _broadcast_object(layout.complete_checkpoints(cfg.save) if _rank() == 0 else None)
+            if own:
+                if announce and _rank() == 0:
+                    log.info("checkpoint: %s holds this run's own checkpoints: resuming from there, not from "
+                             "checkpoint.load=%s", cfg.save, cfg.load)
+                return cfg.save, own
+        root = cfg.load_dir
+        if root is None:
+            return None, None
+        return root, _broadcast_object(layout.complete_checkpoints(root) if _rank() == 0 else None)
+
     def _load_latest(self, state: TrainState) -> bool:
-        root = self.config.load_dir
+        root, candidates = self._resume_root()
         if root is None:
             return False
         start = time.perf_counter()
-        candidates = layout.complete_checkpoints(root) if _rank() == 0 else None
-        candidates = _broadcast_object(candidates)
         if not candidates:
             if self.config.load_required:  # the resume asked for is not there: never train from scratch silently
                 raise ConfigError(f"checkpoint.load: no complete checkpoint under {root!r} to resume from; "

@@ -196,6 +196,12 @@ class TieredCheckpoints:
     def should_save(self, step: int) -> bool:
         return self.persistent.should_save(step)
 
+    def note_validation(self, step: int, loss: float) -> bool:
+        return self.persistent.note_validation(step, loss)
+
+    def wants_best(self, step: int) -> bool:
+        return self.persistent.wants_best(step)
+
     def save(self, state: TrainState, *, reason: str = "interval") -> None:
         self.persistent.save(state, reason=reason)
         if self.local is not None and checkpoint_state.rerun_state_to_save() is not None:
