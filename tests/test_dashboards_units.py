@@ -187,3 +187,35 @@ def test_logger_keys_are_checked():
     assert LoggerConfig().tensorboard_path("/r") == "/r/tensorboard"
     assert LoggerConfig(tensorboard_dir="/abs/tb").tensorboard_path("/r") == "/abs/tb"
     assert LoggerConfig(tensorboard_dir=None).tensorboard_path("/r") is None
+
+
+def test_a_restart_waits_while_the_previous_processs_wandb_service_still_holds_the_run(monkeypatch, caplog):
+    """After an in-job restart the killed worker's wandb-core service can hold the run for seconds (seen under CI
+    load: "run ID ... is in use"); init is retried while it says so, any other error is raised at once. The W&B
+    module is a stand-in here: the race needs a dying service, which the launched dashboards test provides."""
+    from megatron_resilience.dashboards import wandb_run
+
+    calls = []
+
+    class FakeWandb:
+        @staticmethod
+        def init(**kwargs):
+            calls.append(kwargs["id"])
+            if len(calls) < 3:
+                raise RuntimeError("run ID abc123 is in use")
+            return "run"
+
+    monkeypatch.setattr(wandb_run.time, "sleep", lambda s: None)
+    with caplog.at_level("WARNING", "megatron_resilience.dashboards.wandb_run"):
+        assert wandb_run._init_when_free(FakeWandb, id="abc123") == "run"
+    assert calls == ["abc123"] * 3
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        "wandb: run abc123 is still held by the previous process's W&B service"] * 2
+
+    class Broken:
+        @staticmethod
+        def init(**kwargs):
+            raise RuntimeError("permission denied")
+
+    with pytest.raises(RuntimeError, match="permission denied"):
+        wandb_run._init_when_free(Broken, id="abc123")

@@ -39,6 +39,8 @@ from loadgen import saturated
 from resilience_support.agents import TwoAgentRun, launch_two_agents
 from resilience_support.launch import launch, log_time, wait_for
 
+from megatron_resilience.runtime.metrics import read_metrics
+
 pytestmark = pytest.mark.slow
 
 BASE = ["train.max_steps=30", "checkpoint.save_interval=10"]
@@ -100,8 +102,13 @@ def runs(request):
         "frozen": pool.submit(_lost, root, "frozen", frozen=True, load_started=load_started),
         "elastic": pool.submit(_lost, root, "elastic", frozen=False, load_started=load_started, nnodes="1:2"),
     }
-    # The load starts once every run trains (start-up is not what is timed) and lasts until all have ended.
+    # The load starts once every run trains (start-up is not what is timed) and lasts until all have ended; at the
+    # latest when a run reaches its loss step, so that no run trains past its window waiting for a slower start.
+    def trained(name: str) -> int:
+        return len(read_metrics(str(root / name), "train")) if (root / name / "metrics.jsonl").exists() else 0
+
     wait_for(lambda: all((root / n / "metrics.jsonl").exists() for n in ("killed", "lost", "frozen", "elastic"))
+             or any(trained(n) >= LOSE_AFTER_STEP for n in ("lost", "frozen", "elastic"))
              or any(f.done() for f in futures.values()), timeout=WAIT, interval=0.2, what="every run to train")
     t0 = time.monotonic()
     if os.environ.get("MR_TESTS_QUIET") == "1":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -98,14 +99,15 @@ def test_a_restart_resumes_from_the_runs_own_save_folder_not_from_load(tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout + proc.stderr
 
-    start, own = tmp_path / "start" / "ckpt", tmp_path / "run" / "ckpt"
-    train("start", "train.max_steps=4", f"checkpoint.save={start}")
-    first = train("run", "train.max_steps=6", f"checkpoint.load={start}", f"checkpoint.save={own}")
-    assert "setup: resumed at step 4" in first and "resuming from there" not in first
-    again = train("run", "train.max_steps=8", f"checkpoint.load={start}", f"checkpoint.save={own}")
+    start, own = tmp_path / "start", tmp_path / "run" / "ckpt"
+    first = train("run", "train.max_steps=4", f"checkpoint.load={start}", "checkpoint.load_optional=true",
+                  f"checkpoint.save={own}")
+    assert "setup: starting at step 0" in first and "resuming from there" not in first
+    shutil.copytree(own / "iter_0000002", start / "iter_0000002")  # the starting point now holds step 2
+    again = train("run", "train.max_steps=6", f"checkpoint.load={start}", f"checkpoint.save={own}")
     assert (f"checkpoint: {own} holds this run's own checkpoints: resuming from there, not from "
             f"checkpoint.load={start}") in again
-    assert "setup: resumed at step 6" in again and "step 7/8" in again and "step 5/8" not in again
+    assert "setup: resumed at step 4" in again and "step 5/6" in again and "step 3/6" not in again
 
 
 # --- memory ------------------------------------------------------------------------------------------------------

@@ -136,7 +136,8 @@ TASK_CASES = [
      "train.max_stepz: unknown key; did you mean train.max_steps? valid keys in train: train.max_steps, "
      "train.micro_batch_size, train.global_batch_size, train.seed, train.log_interval, train.eval_interval, "
      "train.eval_iters, train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
-     "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
+     "train.exit_duration_in_mins, train.preemption_notice, train.preemption_notice_interval, "
+     "train.preemption_notice_url, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["trian.max_steps=3"],
      "trian.max_steps: unknown key; did you mean train.max_steps? sections: run_dir, model, parallel, data, optim, "
      "train, checkpoint, ft, straggler, rerun, logger, inprocess (every key: python -m megatron_resilience --help)",
@@ -149,12 +150,14 @@ TASK_CASES = [
      "train.lr: unknown key; did you mean optim.lr? valid keys in train: train.max_steps, train.micro_batch_size, "
      "train.global_batch_size, train.seed, train.log_interval, train.eval_interval, train.eval_iters, "
      "train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
-     "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
+     "train.exit_duration_in_mins, train.preemption_notice, train.preemption_notice_interval, "
+     "train.preemption_notice_url, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["train=5"],
      "train: unknown key (train is a section: name one of its fields); valid keys in train: train.max_steps, "
      "train.micro_batch_size, train.global_batch_size, train.seed, train.log_interval, train.eval_interval, "
      "train.eval_iters, train.exit_signal_handler, train.exit_signal, train.exit_signal_handler_for_dataloader, "
-     "train.exit_duration_in_mins, train.device, train.gpu_memory_gib", NO_PYTHON),
+     "train.exit_duration_in_mins, train.preemption_notice, train.preemption_notice_interval, "
+     "train.preemption_notice_url, train.device, train.gpu_memory_gib", NO_PYTHON),
     (["train.max_steps"], "'train.max_steps': expected key=value, e.g. train.max_steps=100", NO_PYTHON),
 ]
 

@@ -12,11 +12,15 @@ few steps later) is logged at the current step.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import uuid
 from typing import Any, Iterable
 
 from megatron_resilience.dashboards.series import Point
+
+log = logging.getLogger(__name__)
 
 ID_FILE = "wandb_run_id"
 INSTALL_HINT = "pip install 'megatron-resilience[wandb]' (or pip install wandb)"
@@ -60,14 +64,35 @@ def _settings(wandb: Any) -> Any:
         return wandb.Settings(console="off", silent=True)
 
 
+IN_USE_WAIT_S = 120.0  # how long a restart waits for the previous process's W&B service to let go of the run
+
+
+def _init_when_free(wandb: Any, **kwargs: Any) -> Any:
+    """``wandb.init``, waiting while the run id is still held by the W&B service of the process this one replaces.
+
+    After an in-job restart the killed worker's ``wandb-core`` service outlives it for a moment (seconds on a
+    loaded node) and still holds the run: ``wandb.init(id=...)`` then raises "run ID ... is in use" (seen under
+    CI load), which would turn every restart into a crash. Any other error is raised at once."""
+    deadline = time.monotonic() + IN_USE_WAIT_S
+    while True:
+        try:
+            return wandb.init(**kwargs)
+        except Exception as err:  # noqa: BLE001 - wandb's own error classes move between releases
+            if "is in use" not in str(err) or time.monotonic() > deadline:
+                raise
+            log.warning("wandb: run %s is still held by the previous process's W&B service; retrying in 2 s (%s)",
+                        kwargs.get("id"), err)
+            time.sleep(2.0)
+
+
 class WandbRun:
     def __init__(self, *, project: str, entity: str | None, name: str, save_dir: str, id_folder: str,
                  config: dict[str, Any]) -> None:
         wandb = import_wandb()
         os.makedirs(save_dir, exist_ok=True)
         self.run_id = stable_run_id(id_folder)
-        self.run = wandb.init(project=project, entity=entity, name=name, id=self.run_id, resume="allow",
-                              dir=save_dir, config=config, settings=_settings(wandb))
+        self.run = _init_when_free(wandb, project=project, entity=entity, name=name, id=self.run_id,
+                                   resume="allow", dir=save_dir, config=config, settings=_settings(wandb))
         self.current = -1
 
     def write(self, points: Iterable[Point]) -> None:
