@@ -70,9 +70,9 @@ IN_USE_WAIT_S = 120.0  # how long a restart waits for the previous process's W&B
 def _init_when_free(wandb: Any, **kwargs: Any) -> Any:
     """``wandb.init``, waiting while the run id is still held by the W&B service of the process this one replaces.
 
-    After an in-job restart the killed worker's ``wandb-core`` service outlives it for a moment (seconds on a
-    loaded node) and still holds the run: ``wandb.init(id=...)`` then raises "run ID ... is in use" (seen under
-    CI load), which would turn every restart into a crash. Any other error is raised at once."""
+    After an in-job restart a service that outlives the killed worker still holds the run for a moment:
+    ``wandb.init(id=...)`` then raises "run ID ... is in use", which would turn a restart into a crash. Any other
+    error is raised at once."""
     deadline = time.monotonic() + IN_USE_WAIT_S
     while True:
         try:
@@ -89,6 +89,10 @@ class WandbRun:
     def __init__(self, *, project: str, entity: str | None, name: str, save_dir: str, id_folder: str,
                  config: dict[str, Any]) -> None:
         wandb = import_wandb()
+        # Our own W&B service, never one inherited from the launching process (a notebook or test runner that used
+        # wandb sets WANDB_SERVICE): that service outlives a killed worker still holding the run, and the restarted
+        # group could never resume it ("run ID ... is in use", seen in CI).
+        os.environ.pop("WANDB_SERVICE", None)
         os.makedirs(save_dir, exist_ok=True)
         self.run_id = stable_run_id(id_folder)
         self.run = _init_when_free(wandb, project=project, entity=entity, name=name, id=self.run_id,
