@@ -302,3 +302,27 @@ def test_a_replica_is_fetched_over_gloo_without_cuda(tmp_path):
     assert "upstream failed" in outs[1] and "CUDA" in outs[1], outs  # upstream's fetch needs a GPU
     assert "adapter loaded 4 [2.0, 2.0, 2.0]" in outs[1], outs  # rank 1's own values, from rank 0's replica
     assert "adapter loaded 4 [1.0, 1.0, 1.0]" in outs[0], outs
+
+
+def test_a_teardown_cut_short_still_leaves_the_next_groups_named_from_zero():
+    """An in-process restart can interrupt ``destroy_process_group()`` after it dropped the default group and before
+    it reset c10d's group counter; the next init must still name the default group "0" on every rank (else each rank
+    waits for keys the others write under other names)."""
+    import torch.distributed as dist
+
+    from megatron_resilience.runtime.distributed import destroy_distributed
+
+    def init() -> str:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return dist.group.WORLD.group_name
+
+    try:
+        assert init() == "0"
+        dist.new_group([0])
+        dist.new_group([0])
+        dist.destroy_process_group()
+        dist.distributed_c10d._world.group_count = 3  # what the interrupted destroy leaves behind
+        destroy_distributed()
+        assert init() == "0"
+    finally:
+        destroy_distributed()

@@ -294,3 +294,24 @@ def test_straggler_report_text_names_worst_and_best_ranks():
         "  GPU relative perf: worst: rank 1 (node-b)=0.42; best: rank 0 (node-a)=1.00",
         "  GPU individual perf: worst: rank 1 (node-b)=0.98; best: rank 2 (node-a)=1.00",
     ]
+
+
+@pytest.mark.parametrize("mode, burns_cpu", [("compute", True), ("wait", False)])
+def test_simulated_straggler_spends_its_delay_computing_or_waiting(mode, burns_cpu):
+    import time
+
+    cfg = StragglerConfig(simulated_straggler_rank=1, simulated_straggler_delay=0.3, simulated_straggler_mode=mode)
+    step = StragglerDetection(cfg, rank=1, world_size=2).wrap(lambda: 7)
+    wall, cpu = time.monotonic(), time.thread_time()
+    assert step() == 7
+    wall, cpu = time.monotonic() - wall, time.thread_time() - cpu
+    assert wall >= 0.3
+    assert (cpu >= 0.3) is burns_cpu, (mode, cpu)  # "wait": a long step that costs no CPU
+    healthy = StragglerDetection(cfg, rank=0, world_size=2).wrap(lambda: 8)
+    wall = time.monotonic()
+    assert healthy() == 8 and time.monotonic() - wall < 0.3  # only the chosen rank
+
+
+def test_simulated_straggler_mode_names_the_allowed_values():
+    with pytest.raises(ValueError, match=r"straggler\.simulated_straggler_mode.*'compute', 'wait'"):
+        StragglerConfig(simulated_straggler_mode="sleep")

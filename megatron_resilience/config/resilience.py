@@ -26,6 +26,10 @@ SIMULATED_FAULT_TYPES = ("rank_hung", "rank_killed", "random", "exception", "ran
 # What a rank with simulated_fault_type=exception dies of (printed and exited like the real thing).
 SIMULATED_EXCEPTIONS = ("cuda_oom", "nccl_timeout", "nccl_error")
 SIMULATED_FAULT_SECTIONS = ("step", "checkpointing")
+# How a simulated straggler spends its delay: "compute" burns the rank's own CPU time (a slower device: the same
+# share of the step however busy the host is), "wait" sleeps (a device whose host CPU is idle: a long step that
+# costs no CPU, for chaos runs and tests on a shared machine).
+SIMULATED_STRAGGLER_MODES = ("compute", "wait")
 RERUN_MODES = ("disabled", "validate_results", "report_stats")
 ERROR_INJECTION_TYPES = ("correct_result", "transient_error", "persistent_error")
 
@@ -93,9 +97,11 @@ class StragglerConfig:
     enable_logging: bool = True
     profiling_interval: int = 1
     logger_name: str = "megatron_resilience.straggler"
-    # Test your setup: this rank does `simulated_straggler_delay` seconds of extra compute in every step.
+    # Test your setup: this rank spends `simulated_straggler_delay` extra seconds in every step, computing or
+    # waiting (`simulated_straggler_mode`).
     simulated_straggler_rank: int | None = None
     simulated_straggler_delay: float = 0.0
+    simulated_straggler_mode: str = "compute"
 
     def __post_init__(self) -> None:
         check_types(self, "straggler")
@@ -106,6 +112,7 @@ class StragglerConfig:
         check_int("straggler.profiling_interval", self.profiling_interval, minimum=1)
         check_int("straggler.simulated_straggler_rank", self.simulated_straggler_rank, minimum=0, allow_none=True)
         check_non_negative("straggler.simulated_straggler_delay", self.simulated_straggler_delay)
+        check_choice("straggler.simulated_straggler_mode", self.simulated_straggler_mode, SIMULATED_STRAGGLER_MODES)
 
 
 @dataclass(kw_only=True)

@@ -17,8 +17,10 @@ wall times are equal and only per-rank kernel time tells who is slow.
 Without CUDA/CUPTI: the Detector cannot load its CUPTI extension, so detection
 is switched off with one warning (nothing to measure on a CPU-only machine).
 
-``simulated_straggler_rank`` / ``simulated_straggler_delay`` make one rank do extra
-compute in every step, to check the reporting and stopping path.
+``simulated_straggler_rank`` / ``simulated_straggler_delay`` make one rank spend extra
+time in every step, to check the reporting and stopping path: computing (``simulated_straggler_mode=compute``,
+a slow device: its share of the step holds however busy the host is) or sleeping (``wait``: a long step that
+costs no CPU, for timing windows on a shared machine).
 """
 
 from __future__ import annotations
@@ -93,14 +95,15 @@ class StragglerDetection:
         if not self.active and not slow:
             return train_step
         detector, delay, profile_cuda = self.detector, self.cfg.simulated_straggler_delay, self.profile_cuda
+        spend = time.sleep if self.cfg.simulated_straggler_mode == "wait" else _busy
 
         def step() -> Any:
             if detector is None:
-                _busy(delay)
+                spend(delay)
                 return train_step()
             with detector.detection_section(SECTION, profile_cuda=profile_cuda):
                 if slow:
-                    _busy(delay)
+                    spend(delay)
                 return train_step()
 
         return step

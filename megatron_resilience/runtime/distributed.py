@@ -124,9 +124,14 @@ def seed_everything(seed: int) -> None:
 
 
 def destroy_distributed() -> None:
+    """Megatron-Core's groups, then the default group; the next init (an in-process restart, a test) starts clean
+    even where an earlier teardown was cut short (``upstream.pytorch.reset_group_names``)."""
     from megatron.core import parallel_state
+
+    from megatron_resilience.upstream.pytorch import reset_group_names
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    reset_group_names()

@@ -14,6 +14,24 @@ def sdpa_has_gqa() -> bool:
     return version is not None and version[:2] >= (2, 5)
 
 
+def reset_group_names() -> None:
+    """With no default process group left, number the next groups from 0 again, as a completed
+    ``destroy_process_group()`` does.
+
+    Why: c10d names every unnamed group after a process-wide counter (``_world.group_count``, private) that
+    ``destroy_process_group()`` resets only as its last statement, after it has dropped the default group. An
+    in-process restart interrupts the training thread anywhere, its own teardown included; interrupted in
+    between, the counter survives, the next ``init_process_group`` names the default group "38" on one rank and
+    "0" on the others, and each waits for the other's store keys until the restart's soft timeout (seen with
+    nvidia-resiliency-ext 0.7 on a saturated node).
+    """
+    import torch.distributed
+
+    world = getattr(torch.distributed.distributed_c10d, "_world", None)
+    if not torch.distributed.is_initialized() and getattr(world, "group_count", 0):
+        world.group_count = 0
+
+
 def abort_gloo_connections(keep_ports: set[int]) -> int:
     """Shut down this process's established TCP connections, except those with a port in ``keep_ports`` (the
     stores'): what frees a rank blocked in a gloo collective, on this rank and on its peers (they see

@@ -55,7 +55,8 @@ rules:
   - match: {error_type: [node_fail, batch_lost]}
     action: requeue
 """
-SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1}
+SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1,
+          "straggler__simulated_straggler_mode": "wait"}
 
 
 def _sbatch(*args: str) -> str:

@@ -11,8 +11,8 @@ machine is (the suite must pass with both cores saturated):
   that ends 310-330 s later, so Slurm's own warning (``--signal=SIGTERM@300``, sent on slurmctld's 30 s tick
   once the end is <= 330 s away) arrives at its next tick, while it trains, >= 280 s before the limit (a
   process's first save took 3 minutes on this machine under other suites' load). Once requeued, its limit
-  goes back to 30 minutes. ``LIMIT_STEPS`` is more than 2 ranks train in the <= 30 s to that tick even on a quiet
-  machine (24 ms/step measured: 72 s).
+  goes back to 30 minutes. ``LIMIT_STEPS`` last longer than the wait for that tick even on a quiet machine (its
+  rank 0 sleeps 0.1 s in every step).
 - the ``scancel -s SIGTERM`` jobs (``Script``, inline ``Script`` with 2 tasks launched by ``srun`` and no
   launcher, torchrun ``Partial``): signalled once they train; checkpoint, requeue, resume with losses equal to
   an uninterrupted run;
@@ -42,7 +42,13 @@ run = import_nemo_run()
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
 from megatron_resilience.recipes import RECIPES  # noqa: E402
 
-LIMIT_STEPS = 3000  # 72 s of 2-rank training at the quiet machine's 24 ms/step: > the <= 30 s to the warning
+# The limit job must still train when the warning comes: up to 40 s waiting for its run time to reach 30-50 s past
+# a minute, then <= 30 s to slurmctld's tick. Its rank 0 waits 0.1 s in every step (a sleep: no CPU, no effect on
+# the numbers), so 800 steps last >= 80 s even on a quiet machine, and the requeued run's remaining steps cost
+# little CPU on a loaded one (3000 plain steps, 72 s quiet, took over 20 minutes beside the other suites).
+LIMIT_STEPS = 800
+LIMIT_SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1,
+                "straggler__simulated_straggler_mode": "wait"}
 LIMIT_UPDATE_AFTER_STEP = 5
 LIMIT_PREEMPT_TIME = 300  # a whole number of minutes (see _limit_when_training); a first save took 3 minutes
 PREEMPT_TIME = 300  # the scancel jobs: how long torchrun/ft_launcher wait for the ranks to save (a first save took
@@ -95,7 +101,7 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
 
     # The time-limit job: FT + preemption, 2 ranks under ft_launcher; its limit is set once it trains.
     partial("limit", launcher=None, time="00:30:00", plugins=ft_and_preemption(preempt_time=LIMIT_PREEMPT_TIME),
-            max_steps=LIMIT_STEPS, save_interval=None)
+            max_steps=LIMIT_STEPS, save_interval=None, **LIMIT_SLOWED)
     partial("ref", max_steps=STEPS, save_interval=10)
     # Signal delivery (scancel -s SIGTERM, like --signal without B:) for each task form:
     script("script", run.Script(path="megatron_resilience", m=True, entrypoint="python",
