@@ -299,3 +299,28 @@ def test_jobs_ledger_is_json_lines(tmp_path):
     with open(ledger.path) as f:
         [line] = f.read().splitlines()
     assert json.loads(line)["kind"] == "final" and os.path.isdir(tmp_path / "x")
+
+
+def test_slurm_step_states_are_evidence_of_this_attempt_only():
+    """sacct's per-step verdict (rows as ``slurm.sacct_steps`` returns them): a step OOM-killed by slurmstepd decides
+    a host OOM while the job still reads RUNNING; a lost node under a one-node step names it; steps of an earlier
+    run of the job and steps that ended otherwise say nothing."""
+    from megatron_resilience.jobs.evidence import step_state_signals
+
+    def row(job_id, state, nodes, start):
+        return {"JobID": job_id, "JobName": "python", "State": state, "ExitCode": "0:9", "NodeList": nodes,
+                "start_time": start}
+
+    steps = [row("43.1", "OUT_OF_MEMORY", "nid001", 900.0),  # the previous run (requeued since)
+             row("43.0", "COMPLETED", "nid[001-002]", 1000.0), row("43.1", "OUT_OF_MEMORY", "nid[001-002]", 1001.0),
+             row("43.2", "NODE_FAIL", "nid003", 1002.0), row("43.3", "NODE_FAIL", "nid[003-004]", 1003.0),
+             row("43.4", "CANCELLED by 0", "nid003", 1004.0)]
+    found = step_state_signals(steps, since=1000.2)
+    assert [(s.error_type, s.fields) for s in found] == [
+        ("cpu_oom", {"step": "43.1", "state": "OUT_OF_MEMORY"}),
+        ("node_fail", {"step": "43.2", "state": "NODE_FAIL", "failed_node": "nid003"}),
+        ("node_fail", {"step": "43.3", "state": "NODE_FAIL"})]
+    assert found[0].line == "sacct: step 43.1 OUT_OF_MEMORY on nid[001-002] (exit code 0:9)"
+    assert all((s.monitor, s.severity, s.source) == ("slurm_step_state", "fatal", "slurm") for s in found)
+    cls = classify(AttemptEvidence(exit_code=137, slurm_state="RUNNING", signals=found[:1]))
+    assert (cls.error_type, cls.mode) == ("cpu_oom", "crash")

@@ -43,6 +43,14 @@ def chain_history(ledger: Ledger) -> list[dict[str, Any]]:
     return history
 
 
+def _step_states(job_id: str, exit_code: int | None, start: dict[str, Any]) -> list:
+    """Slurm's verdict on the attempt's failed job steps (none asked for when the step exited 0, or when the attempt
+    has no job name on record to tell this job from another with its id)."""
+    if exit_code == 0 or not start.get("job_name"):
+        return []
+    return ev.step_state_signals(slurm.sacct_steps(job_id, str(start["job_name"])), since=start.get("time"))
+
+
 def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: int, exit_code: int | None,
                 slurm_state: str | None, by: str, nodes: list[str] | None = None, partition: str | None = None,
                 retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None,
@@ -68,7 +76,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
             stop_reason = None  # an earlier attempt's
     evidence = AttemptEvidence(exit_code=exit_code, stop_reason=stop_reason, slurm_state=slurm_state,
                                signals=files.last_cycle_signals() + ev.metrics_signals(mine)
-                               + ev.batch_signal(batch_signal),
+                               + ev.batch_signal(batch_signal) + _step_states(job_id, exit_code, start),
                                no_restart_exit_code=cfg.no_restart_exit_code)
     cls = _finished_by_evidence(cfg, job_id, restart, exit_code) or classify(evidence)
     if cls.mode is not None or by == "watcher":  # a failure, or one the job could not record (host lost?)

@@ -256,3 +256,33 @@ def batch_signal(name: str | None) -> list[Signal]:
     return [Signal(monitor="batch_shell_signal", error_type="preempted", subsystem="scheduler", severity="fatal",
                    line=f"the batch shell received {signal} while the job step ran (the scheduler stopped the job: "
                         "preemption, scancel --signal --full)", source="batch", fields={"signal": signal})]
+
+
+# What Slurm's accounting says of a job step that the logs may not: slurmstepd's cgroup OOM-kill and a node lost
+# under the step. ``sacct`` records the step's state as soon as the step ends, while the job still reads RUNNING
+# (the batch script decides then).
+STEP_STATE_TYPES = {"OUT_OF_MEMORY": ("cpu_oom", "memory"), "NODE_FAIL": ("node_fail", "node")}
+
+
+def step_state_signals(steps: list[dict[str, Any]], *, since: float | None) -> list[Signal]:
+    """The attempt's job steps (``slurm.sacct_steps``, started at or after ``since``, the attempt's start) that Slurm
+    ended OUT_OF_MEMORY or NODE_FAIL, as fatal signals. A step on one node names it (``failed_node`` for a lost
+    node; an OOM is the job's memory, not the node's fault, and names none)."""
+    out = []
+    for step in steps:
+        state = step.get("State", "").split()[0] if step.get("State") else ""
+        if state not in STEP_STATE_TYPES:
+            continue
+        start = step.get("start_time")
+        if since is not None and start is not None and start < float(since) - 5:
+            continue  # an earlier run of the job (sacct -D lists them all)
+        error_type, subsystem = STEP_STATE_TYPES[state]
+        nodes = step.get("NodeList", "")
+        single = nodes and "," not in nodes and "[" not in nodes
+        fields = {"step": step.get("JobID", ""), "state": state}
+        if error_type == "node_fail" and single:
+            fields["failed_node"] = nodes
+        out.append(Signal(monitor="slurm_step_state", error_type=error_type, subsystem=subsystem, severity="fatal",
+                          line=f"sacct: step {step.get('JobID')} {state} on {nodes or '?'} (exit code "
+                               f"{step.get('ExitCode', '?')})", source="slurm", fields=fields))
+    return out

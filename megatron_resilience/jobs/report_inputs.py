@@ -21,22 +21,13 @@ from typing import Any
 from megatron_resilience.jobs.accounting import PLANNED, AttemptWindow
 from megatron_resilience.jobs.evidence import LAUNCHER_PREFIX, read_tail
 from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.jobs.slurm import parse_slurm_time
 
 CHAOS_LEDGER_FILE = "chaos_ledger.jsonl"  # written by ``python -m megatron_resilience.chaos`` next to the run
 # Lines a launcher or rank monitor writes when it notices a failure (ft_launcher, its rank monitor, torchelastic).
 DETECTION = re.compile(r"has been open for [\d.]+ seconds|Did not get (?:initial|subsequent) heartbeat|"
                        r"failed \(exitcode: |Worker group FAILED|Terminating rank \d+|will restart worker group")
 STAMP = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[,.](\d+))?\]?")
-
-
-def parse_slurm_time(text: str | None) -> float | None:
-    """``2026-11-25T07:31:48`` (sacct, local time) -> epoch seconds; None for Unknown/None/empty."""
-    if not text or not text[:4].isdigit():
-        return None
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
 
 
 def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, Any]]:

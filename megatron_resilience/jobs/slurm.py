@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from typing import Any
 
 from megatron_resilience.jobs.decision import Cluster
@@ -43,6 +44,16 @@ def expand_nodes(nodelist: str | None) -> list[str]:
     return out.split() if out else [n for n in nodelist.split(",") if n and "[" not in n]
 
 
+def parse_slurm_time(text: str | None) -> float | None:
+    """``2026-11-25T07:31:48`` (sacct, local time) -> epoch seconds; None for Unknown/None/empty."""
+    if not text or not text[:4].isdigit():
+        return None
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
 def sacct_runs(job_id: str) -> list[dict[str, str]]:
     """Every run of the job (a requeue adds one), oldest first, from accounting."""
     fields = ["JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "Reason", "Partition", "JobName"]
@@ -50,6 +61,20 @@ def sacct_runs(job_id: str) -> list[dict[str, str]]:
     if not out:
         return []
     return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+
+def sacct_steps(job_id: str, job_name: str) -> list[dict[str, Any]]:
+    """Every job step of every run of the job (``<id>.batch``, ``<id>.0``, ...; not ``extern``) with its start as
+    epoch seconds (``start_time``), from accounting: Slurm's own verdict on each step (OUT_OF_MEMORY, NODE_FAIL, ...)
+    while the job itself still reads RUNNING. [] unless the job under that id is named ``job_name`` (the same id
+    on another cluster is another job)."""
+    fields = ["JobID", "JobName", "State", "ExitCode", "Start", "End", "NodeList"]
+    out = _run(["sacct", "-D", "-n", "-P", "-j", str(job_id), "-o", ",".join(fields)])
+    rows = [dict(zip(fields, line.split("|"))) for line in (out or "").splitlines() if line.strip()]
+    if not any(r["JobID"] == str(job_id) and r["JobName"] == job_name for r in rows):
+        return []
+    return [{**r, "start_time": parse_slurm_time(r["Start"])} for r in rows
+            if r["JobID"].startswith(f"{job_id}.") and not r["JobID"].endswith(".extern")]
 
 
 def job_state(job_id: str) -> dict[str, Any]:

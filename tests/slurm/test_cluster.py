@@ -6,7 +6,9 @@ import glob
 import os
 import subprocess
 
+from megatron_resilience.jobs.slurm import sacct_steps
 from slurm.cluster import SCRIPTS, attempts, job_info, wait_for_job
+from slurm.jobs import wait_until
 
 
 def slurm_job_id(exp) -> str:
@@ -52,3 +54,12 @@ def test_nemo_run_slurm_executor_runs_a_job_to_completed(slurm_cluster, nemorun_
     assert node in slurm_cluster.nodes
     assert f"freezer:/slurm_{node}/uid_0/job_{job_id}/step_1" in text
     assert job_info(job_id)["Partition"] == slurm_cluster.partition
+    # Slurm's record of each step, as the job-level room reads it (jobs/slurm.py): nemo_run's `srun hostname` (0),
+    # the task (1) and the batch step, each COMPLETED on that node; under another job's name, nothing.
+    name = job_info(job_id)["JobName"]
+    steps = wait_until(lambda: (rows := sacct_steps(job_id, name)) and len(rows) == 3 and rows, timeout=60,
+                       what="the job's steps in accounting")
+    assert sorted((r["JobID"], r["State"], r["NodeList"]) for r in steps) == [
+        (f"{job_id}.0", "COMPLETED", node), (f"{job_id}.1", "COMPLETED", node), (f"{job_id}.batch", "COMPLETED", node)]
+    assert all(isinstance(r["start_time"], float) for r in steps)
+    assert sacct_steps(job_id, name + "-other") == []
