@@ -219,7 +219,7 @@ def test_local_retention_keeps_n_per_rank_and_superseded_steps_are_discarded(tmp
 
 # --- upstream adapters, on two real gloo processes ----------------------------------------------------------------
 
-def _two_ranks(tmp_path, body: str, timeout: float = 300) -> list[str]:
+def _two_ranks(tmp_path, body: str, timeout: float = 900) -> list[str]:
     """Run ``body`` on ranks 0 and 1 (gloo, a store on a reserved port); returns each rank's stdout."""
     sys.path.insert(0, str(REPO / "tests"))
     from resilience_support.ports import reserve
@@ -229,8 +229,9 @@ def _two_ranks(tmp_path, body: str, timeout: float = 300) -> list[str]:
     script.write_text(textwrap.dedent("""
         import datetime, os, sys, time, threading, torch, torch.distributed as dist
         rank = int(sys.argv[1]); port = int(sys.argv[2]); root = sys.argv[3]
-        store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=120))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+        # generous: a rank's imports took minutes beside the other suites (CI), and nothing here is a timing
+        store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=600))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=600))
     """) + textwrap.dedent(body))
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     try:
@@ -278,7 +279,7 @@ def test_a_replica_is_fetched_over_gloo_without_cuda(tmp_path):
         from megatron_resilience.upstream import nvrx_local_checkpoint as local
         def manager(strategy):
             return local.local_checkpoint_manager(root + "/local", "s", keep_last_n=1, strategy=strategy)
-        ours, cliques = local.replication_strategy(factor=2, jump=1, timeout=datetime.timedelta(seconds=60))
+        ours, cliques = local.replication_strategy(factor=2, jump=1, timeout=datetime.timedelta(seconds=300))
         saver = manager(ours)
         part = {"w": ShardedTensor.from_rank_offsets(f"w{rank}", torch.full((3,), float(rank + 1)), replica_id=0)}
         saver.save(local.tensor_aware_state_dict(part), 4)  # CPU tensors: upstream's basic state dict wants CUDA
