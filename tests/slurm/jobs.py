@@ -159,3 +159,11 @@ def requeue_when_completed(job: Job, record: dict) -> None:
             record["again"] = wait_for_job(job.slurm_id, timeout=900)
     except Exception as err:  # noqa: BLE001 - reported by the fixture
         record["error"] = err
+
+
+def waiting_rank(rank: int, seconds: float) -> dict[str, object]:
+    """Task edits (``section__field``): ``rank`` sleeps ``seconds`` in every step, a long step that costs no CPU
+    (``straggler.simulated_straggler_mode=wait``) and changes no number: a timing window that holds on a loaded
+    machine without loading it further."""
+    return {"straggler__simulated_straggler_rank": rank, "straggler__simulated_straggler_delay": seconds,
+            "straggler__simulated_straggler_mode": "wait"}

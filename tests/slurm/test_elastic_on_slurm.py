@@ -36,7 +36,7 @@ from resilience_support.agents import free_port
 from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import use_cluster, wait_for_job
-from slurm.jobs import scancel_signal, submit, wait_until
+from slurm.jobs import scancel_signal, submit, wait_until, waiting_rank
 from slurm.watcher_scenario import Watcher
 
 run = import_nemo_run()
@@ -55,8 +55,7 @@ rules:
   - match: {error_type: [node_fail, batch_lost]}
     action: requeue
 """
-SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1,
-          "straggler__simulated_straggler_mode": "wait"}
+SLOWED = waiting_rank(0, 0.1)
 
 
 def _sbatch(*args: str) -> str:

@@ -28,7 +28,7 @@ import pytest
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import wait_for_job
-from slurm.jobs import Job, submit, wait_until
+from slurm.jobs import Job, submit, wait_until, waiting_rank
 from slurm.watcher_scenario import watcher_scenario
 
 run = import_nemo_run()
@@ -40,8 +40,7 @@ from slurm.joblevel_jobs import SAVE, STEPS, WATCHED_STEPS, ledger, states, tiny
 # The watched job must still train when its batch shell is killed: its scenario starts as soon as it is submitted,
 # and its rank waits this long in every step (no CPU, no effect on the numbers): 400 tiny steps took 21 s under
 # load, less than submitting the other jobs took.
-WATCHED_SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1,
-                  "straggler__simulated_straggler_mode": "wait"}
+WATCHED_SLOWED = waiting_rank(0, 0.1)
 BUDGET_POLICY = """\
 name: one_crash_restart
 description: exit 16 gets one restart, away from the node if another exists

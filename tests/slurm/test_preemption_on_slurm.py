@@ -37,7 +37,7 @@ from loadgen import saturated
 
 from megatron_resilience.upstream import import_nemo_run, installed_versions
 from slurm.cluster import wait_for_job
-from slurm.jobs import Job, scancel_signal, submit, wait_until
+from slurm.jobs import Job, scancel_signal, submit, wait_until, waiting_rank
 
 run = import_nemo_run()
 
@@ -50,8 +50,7 @@ SETUP_SAVE_INTERVAL = 20  # the "setup" job's: its window for a signal inside a 
 # slurmd and slurmstepd to the ranks (0.4-1.2 s measured; it overshot an aim by 18 steps). In every signalled
 # job rank 1 waits this long in every step (a sleep: no CPU, no effect on the numbers), so each aimed-at window is
 # seconds long.
-SLOWED = {"straggler__simulated_straggler_rank": 1, "straggler__simulated_straggler_delay": 0.5,
-          "straggler__simulated_straggler_mode": "wait"}
+SLOWED = waiting_rank(1, 0.5)
 LOAD_SECONDS = 1800  # the load generator's bound: it stops by itself even if this process dies
 
 

@@ -34,7 +34,7 @@ from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import wait_for_job
-from slurm.jobs import Job, requeue_when_completed, signal_when_training, submit
+from slurm.jobs import Job, requeue_when_completed, signal_when_training, submit, waiting_rank
 from slurm.time_limit import limit_back_after_first_run, limit_when_training
 
 run = import_nemo_run()
@@ -47,8 +47,7 @@ from megatron_resilience.recipes import RECIPES  # noqa: E402
 # the numbers), so 800 steps last >= 80 s even on a quiet machine, and the requeued run's remaining steps cost
 # little CPU on a loaded one (3000 plain steps, 72 s quiet, took over 20 minutes beside the other suites).
 LIMIT_STEPS = 800
-LIMIT_SLOWED = {"straggler__simulated_straggler_rank": 0, "straggler__simulated_straggler_delay": 0.1,
-                "straggler__simulated_straggler_mode": "wait"}
+LIMIT_SLOWED = waiting_rank(0, 0.1)
 LIMIT_UPDATE_AFTER_STEP = 5
 LIMIT_PREEMPT_TIME = 300  # a whole number of minutes (see _limit_when_training); a first save took 3 minutes
 PREEMPT_TIME = 300  # the scancel jobs: how long torchrun/ft_launcher wait for the ranks to save (a first save took
