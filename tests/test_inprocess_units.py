@@ -307,8 +307,9 @@ def test_a_replica_is_fetched_over_gloo_without_cuda(tmp_path):
 
 def test_a_teardown_cut_short_still_leaves_the_next_groups_named_from_zero():
     """An in-process restart can interrupt ``destroy_process_group()`` after it dropped the default group and before
-    it reset c10d's group counter; the next init must still name the default group "0" on every rank (else each rank
-    waits for keys the others write under other names)."""
+    it cleared c10d's tables, its name registry and its group counter; the next init must still register and name
+    the default group "0" on every rank (else each rank waits for keys the others write under other names, or the
+    init fails: "A process group is already registered under the name0")."""
     import torch.distributed as dist
 
     from megatron_resilience.runtime.distributed import destroy_distributed
@@ -322,8 +323,14 @@ def test_a_teardown_cut_short_still_leaves_the_next_groups_named_from_zero():
         dist.new_group([0])
         dist.new_group([0])
         dist.destroy_process_group()
-        dist.distributed_c10d._world.group_count = 3  # what the interrupted destroy leaves behind
+        dist.distributed_c10d._world.group_count = 3  # what an interrupted destroy leaves behind, late in it
         destroy_distributed()
         assert init() == "0"
+        dist.new_group([0])
+        dist.distributed_c10d._update_default_pg(None)  # interrupted early: everything but the default group left
+        assert not dist.is_initialized()
+        destroy_distributed()
+        assert init() == "0"
+        assert dist.new_group([0]).group_name == "1"
     finally:
         destroy_distributed()

@@ -15,20 +15,34 @@ def sdpa_has_gqa() -> bool:
 
 
 def reset_group_names() -> None:
-    """With no default process group left, number the next groups from 0 again, as a completed
-    ``destroy_process_group()`` does.
+    """With no default process group left, finish what an interrupted ``destroy_process_group()`` left undone, so
+    that the next groups are registered and numbered from 0 again, as after a completed one.
 
-    Why: c10d names every unnamed group after a process-wide counter (``_world.group_count``, private) that
-    ``destroy_process_group()`` resets only as its last statement, after it has dropped the default group. An
-    in-process restart interrupts the training thread anywhere, its own teardown included; interrupted in
-    between, the counter survives, the next ``init_process_group`` names the default group "38" on one rank and
-    "0" on the others, and each waits for the other's store keys until the restart's soft timeout (seen with
-    nvidia-resiliency-ext 0.7 on a saturated node).
+    Why: ``destroy_process_group()`` drops the default group first and only then clears c10d's group tables
+    (``_world.pg_map``, ``pg_names``, ...), the C++ name registry (``_unregister_all_process_groups``) and the
+    process-wide counter that names unnamed groups (``_world.group_count``; all private). An in-process restart
+    interrupts the training thread anywhere, its own teardown included; interrupted in between, the next
+    ``init_process_group`` either names the default group "38" on one rank and "0" on the others (each waits for
+    the other's store keys until the restart's soft timeout; seen with nvidia-resiliency-ext 0.7 on a saturated
+    node) or fails outright ("A process group is already registered under the name0", "The specified group name
+    has already been created"; seen with 0.4.1 after a soft timeout), and every later in-process iteration fails
+    the same way until the budget runs out.
     """
     import torch.distributed
 
-    world = getattr(torch.distributed.distributed_c10d, "_world", None)
-    if not torch.distributed.is_initialized() and getattr(world, "group_count", 0):
+    c10d = torch.distributed.distributed_c10d
+    world = getattr(c10d, "_world", None)
+    if world is None or torch.distributed.is_initialized():
+        return
+    for table in ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
+                  "pg_coalesce_state"):
+        stale = getattr(world, table, None)
+        if stale:
+            stale.clear()
+    unregister_all = getattr(c10d, "_unregister_all_process_groups", None)
+    if unregister_all is not None:
+        unregister_all()
+    if getattr(world, "group_count", 0):
         world.group_count = 0
 
 
