@@ -191,7 +191,10 @@ class FaultTolerancePlugin(run.Plugin):
         inprocess_restart.check_version(self, version, source)
         target = trainer_target(task, NAME, self.script_args_converter_fn)
         mode = ft_trainer.enable_ft(self, target, slurm=profile.is_slurm)
-        node_range.setup(self.min_nodes, editor=target.editor, executor=executor, profile=profile, version=version)
+        policy = inprocess_restart.restart_policy(self, version)  # logs when in-process restart chooses it
+        node_range.setup(self.min_nodes, editor=target.editor, executor=executor, profile=profile, version=version,
+                         restart_policy=policy,
+                         inprocess_restart=self.inprocess_restart and self.restart_policy is None)
         inprocess, replication = inprocess_restart.apply_task(self, target, executor)
         inprocess_restart.check_timeouts(self, mode, inprocess)
         inprocess_restart.check_replication(self, replication, executor, profile)
@@ -210,7 +213,6 @@ class FaultTolerancePlugin(run.Plugin):
         self._set_retries(executor, profile)
 
         place = self._job_place(executor, profile)
-        policy = inprocess_restart.restart_policy(self, version)
         features = self if policy == self.restart_policy else dataclasses.replace(self, restart_policy=policy)
         extras = ft_features.render(features, version, source, profile, trainer_paths(target), place)
         yaml_text = ft_config.render_yaml({**ft_config.ft_settings(self, mode), **extras.yaml})

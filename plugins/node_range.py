@@ -18,7 +18,16 @@ What ``setup`` does with it (SlurmExecutor; other executors run one fixed set of
 * the job-level config gets MIN, MAX and the tasks per node: when an attempt ends and is requeued, the
   decision asks Slurm for as many nodes as the partition can give now (never fewer than MIN, never more
   than MAX), so a job whose node was excluded or died starts again at once on fewer nodes, and a later
-  attempt grows back once nodes return (``megatron_resilience/jobs/node_range.py``).
+  attempt grows back once nodes return (``megatron_resilience/jobs/node_range.py``);
+* with ft_launcher's ``min-healthy`` restart policy on an elastic range (``restart_policy='min-healthy'``, or
+  ``inprocess_restart=True``, which picks it on 0.4/0.5): a warning, not a refusal. ft_launcher turns
+  upscaling off in that mode (0.4.1 ``launcher.py``: ``upscaling_enabled = restart_policy != "min-healthy"``):
+  a node that joins after a rendezvous round closed (one that started late, more than the last call after
+  MIN nodes joined) waits on the redundancy list until the next restart, and a node on the waiting list makes
+  the agents raise ("This should not happen with min-healthy mode"); restarts are counted by rendezvous
+  round, for the whole job. The shrink itself and the job-level grow-back still work, which is what
+  docs/elastic.md promises for this combination, so the job is not refused: the user is told what changes
+  and which setting keeps upscaling (``restart_policy='any-failed'``).
 """
 
 from __future__ import annotations
@@ -45,8 +54,13 @@ def ft_launcher_nnodes(min_nodes: int, version: tuple[int, ...]) -> str:
     return f"{min_nodes}:$SLURM_JOB_NUM_NODES" if elastic_node_range(version) else "$SLURM_JOB_NUM_NODES"
 
 
-def setup(min_nodes: int | None, *, editor: Any, executor: Any, profile: Any, version: tuple[int, ...]) -> None:
-    """Check the range against the task and the executor and record it (see the module docstring)."""
+def setup(min_nodes: int | None, *, editor: Any, executor: Any, profile: Any, version: tuple[int, ...],
+          restart_policy: str | None = None, inprocess_restart: bool = False) -> None:
+    """Check the range against the task and the executor and record it (see the module docstring).
+
+    ``restart_policy``: the ft_launcher policy the plugin renders; ``inprocess_restart``: True when that policy is
+    ``inprocess_restart=True``'s choice rather than the user's (the warning says which key set it).
+    """
     if min_nodes is None:
         return
     nodes = int(getattr(executor, "nodes", None) or 1)
@@ -58,6 +72,7 @@ def setup(min_nodes: int | None, *, editor: Any, executor: Any, profile: Any, ve
     if min_nodes > nodes:
         raise ConfigError(f"{NAME}.min_nodes: must be between 1 and the job's node count executor.nodes={nodes}, "
                           f"got {min_nodes}")
+    warn_min_healthy(min_nodes, nodes, restart_policy, inprocess_restart=inprocess_restart, version=version)
     per_node = int(executor.torchrun_nproc_per_node or executor.ntasks_per_node or 1)
     if editor is not None:
         _check_task(min_nodes, nodes, per_node, editor)
@@ -74,6 +89,24 @@ def setup(min_nodes: int | None, *, editor: Any, executor: Any, profile: Any, ve
              "the attempt", min_nodes, nodes)
     # One ft_launcher per node: nemo_run renders ntasks_per_node=1 for it (the ranks are its children).
     executor.__dict__[_SETTINGS] = {"min_nodes": min_nodes, "nodes": nodes, "ntasks_per_node": 1}
+
+
+def warn_min_healthy(min_nodes: int, nodes: int, restart_policy: str | None, *, inprocess_restart: bool,
+                     version: tuple[int, ...]) -> str | None:
+    """The warning for ``min-healthy`` on an elastic node range (module docstring); returns it (None: none)."""
+    if restart_policy != "min-healthy" or min_nodes >= nodes or not elastic_node_range(version):
+        return None
+    source = (f"{NAME}.restart_policy='min-healthy'" if not inprocess_restart else
+              f"{NAME}.restart_policy='min-healthy' (chosen by {NAME}.inprocess_restart=True)")
+    message = (
+        f"{NAME}.min_nodes={min_nodes} with {source} on nvidia-resiliency-ext {version_text(version)}: ft_launcher "
+        f"turns upscaling off in min-healthy mode, so a node that joins after a rendezvous round closed (one that "
+        f"started late) is not added to the running job until the next restart, and in-job restarts are counted per "
+        f"rendezvous round for the whole job; a lost node still shrinks the job, and the job level grows it back "
+        f"at the next requeue. To let a late node join inside the allocation, set {NAME}.restart_policy='any-failed'"
+        + (" (with inprocess_restart=True every dead process then restarts all workers)" if inprocess_restart else ""))
+    log.warning("%s", message)
+    return message
 
 
 def _check_task(min_nodes: int, nodes: int, per_node: int, editor: Any) -> None:

@@ -66,6 +66,85 @@ def test_a_resumed_run_reads_the_list_back_without_checkpoints_that_are_gone(tmp
     assert not best.note(24, 4.5) and best.note(28, 3.5) and not best.note(32, float("nan"))
 
 
+class _Crash(BaseException):
+    """The process dies here (what a kill between two writes leaves on disk, without killing the test)."""
+
+
+def test_a_crash_between_a_best_checkpoints_commit_and_its_listing_never_lets_the_rotation_take_it(tmp_path,
+                                                                                                     monkeypatch,
+                                                                                                     caplog):
+    """The real ``CheckpointManager._commit`` (rank 0 of a 1-rank gloo group) publishes saves whose files are
+    stand-ins (the commit only renames folders). Step 8 ranks first among the best; the process dies right after
+    its rename and tracker, before ``best_checkpoints.json`` is written. The restarted run, saving every 4 steps with
+    ``keep_last_n=1``, must keep iter_8: its loss went into the folder before the rename."""
+    import time
+
+    import torch.distributed as dist
+
+    from megatron_resilience.runtime import checkpoint
+    from megatron_resilience.runtime.distributed import destroy_distributed
+
+    root = tmp_path / "ckpt"
+    config = CheckpointConfig(save=str(root), keep_best=2, keep_last_n=1)
+
+    def save(manager, step):
+        tmp = root / (layout.iter_dir_name(step) + layout.TMP_SUFFIX)
+        tmp.mkdir(parents=True)
+        (tmp / "metadata.json").write_text("{}")
+        manager._commit(checkpoint._Save(step=step, reason="best", is_async=False, tmp=str(tmp),
+                                         start_time=time.time(), start_perf=time.perf_counter(),
+                                         first_in_process=False))
+
+    def listed():
+        return json.loads((root / layout.BEST_FILE).read_text())["best"]
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        first = checkpoint.CheckpointManager(config, run_dir=str(tmp_path))
+        assert first.note_validation(4, 5.0)
+        save(first, 4)
+        assert first.note_validation(8, 4.0)
+        with monkeypatch.context() as patched:
+            patched.setattr(layout.BestCheckpoints, "write", lambda self: (_ for _ in ()).throw(_Crash()))
+            with pytest.raises(_Crash):
+                save(first, 8)
+        assert (_dirs(root), layout.read_tracker(str(root))) == ([4, 8], 8)
+        assert listed() == [{"step": 4, "validation_loss": 5.0}]  # the crash window: iter_8 is not listed
+        assert json.loads((root / layout.iter_dir_name(8) / layout.BEST_MARK).read_text()) == {
+            "metric": "validation loss", "step": 8, "validation_loss": 4.0}
+
+        caplog.set_level("WARNING", logger="megatron_resilience.runtime.checkpoint")
+        restarted = checkpoint.CheckpointManager(config, run_dir=str(tmp_path))
+        assert restarted.best.steps() == {4, 8}
+        assert listed() == [{"step": 8, "validation_loss": 4.0}, {"step": 4, "validation_loss": 5.0}]
+        assert f"{root / layout.BEST_FILE} did not list iter_0000008 (a crash after the commit" in caplog.text
+        for step in (12, 16):  # interval saves, no evaluation: the rotation keeps the newest and the best
+            save(restarted, step)
+        assert _dirs(root) == [4, 8, 16]
+        assert restarted.note_validation(20, 3.0)
+        save(restarted, 20)  # displaces step 4 (5.0), which the rotation now removes
+        assert _dirs(root) == [8, 20]
+        assert listed() == [{"step": 20, "validation_loss": 3.0}, {"step": 8, "validation_loss": 4.0}]
+    finally:
+        destroy_distributed()
+
+
+def test_the_list_is_rebuilt_from_the_folders_marks_and_a_lower_keep_releases_the_rest(tmp_path):
+    _make(tmp_path, 4, 8, 12, 16)
+    for step, loss in ((4, 5.0), (8, 4.0), (12, 4.5)):  # 12 dropped out of the best earlier: its mark stays
+        layout.write_best_mark(str(tmp_path / layout.iter_dir_name(step)), {"step": step, "validation_loss": loss})
+    (tmp_path / layout.iter_dir_name(16) / layout.BEST_MARK).write_text('{"step": 15, "validation_loss": 1.0}')
+    (tmp_path / layout.BEST_FILE).write_text(json.dumps({"best": [{"step": 4, "validation_loss": 5.0}]}))
+    assert layout.read_best(str(tmp_path)) == [{"step": 8, "validation_loss": 4.0},
+                                               {"step": 12, "validation_loss": 4.5},
+                                               {"step": 4, "validation_loss": 5.0}]  # 16's mark names another step
+    best = layout.BestCheckpoints(str(tmp_path), keep=2)
+    assert (best.steps(), best.stale, best.unlisted) == ({8, 12}, True, [8, 12])
+    best.write()
+    assert (layout.BestCheckpoints(str(tmp_path), keep=2).stale, layout.BestCheckpoints(str(tmp_path), 1).steps()) \
+        == (False, {8})
+
+
 def test_keep_best_settings_are_checked_naming_the_keys():
     with pytest.raises(ConfigError, match=r"^checkpoint\.keep_best: must be an integer >= 1, got 0$"):
         CheckpointConfig(save="/c", keep_best=0)

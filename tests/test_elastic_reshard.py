@@ -15,7 +15,8 @@ what it loaded, at once: every model and optimizer tensor equals the checkpoint 
 distributed optimizer's ``dp_reshardable`` buckets included, except the stretches of padding between parameters,
 which upstream fills with uninitialized memory at every save); only the per-rank RNG states, the world size and the
 recorded layout belong to the new size. The refusals: another TP size, another DP with ``train.global_batch_size``
-unset (the batch would follow DP), and a DP that does not divide the global batch.
+unset (the batch would follow DP), and a DP that does not divide the global batch. Those tests are ``slow`` (the
+pool); the last test calls ``reshard.check_resume`` alone: a DP that cannot carry the checkpoint's global batch.
 
 Tolerance (``LOSS_TOLERANCE``): each step reads the same 16 samples at every size, and the learning rate and step
 count continue, so the only difference is the order in which float32 gradients are summed (an all-reduce over 4
@@ -39,7 +40,7 @@ import pytest
 import torch
 from conftest import REPO, read_checkpoint, read_metrics, tree_equal
 
-pytestmark = pytest.mark.slow
+from megatron_resilience.runtime import reshard
 
 POOL = 4
 GBS = ["train.global_batch_size=16", "train.micro_batch_size=4"]
@@ -121,6 +122,7 @@ def _start(run_dir: Path) -> dict:
     return start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_losses_after_each_change_of_dp_size_match_the_uninterrupted_run(pool, chain):
     root = pool["root"]
@@ -147,6 +149,7 @@ def test_losses_after_each_change_of_dp_size_match_the_uninterrupted_run(pool, c
         assert f"global batch 16 = {micro} micro-batches x 4 x dp {world // tp}" in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_model_and_optimizer_load_bitwise_at_the_new_size(pool, chain, tmp_path):
     root = pool["root"]
@@ -194,6 +197,7 @@ def _refusal(pool, name: str, ranks: int) -> str:
     return messages.pop()
 
 
+@pytest.mark.slow
 def test_another_tensor_parallel_size_is_refused_naming_both_layouts(pool):
     message = _refusal(pool, "refuse_tp", 2)
     assert message.startswith("megatron_resilience: parallel: the checkpoint ")
@@ -203,6 +207,7 @@ def test_another_tensor_parallel_size_is_refused_naming_both_layouts(pool):
     assert not (pool["root"] / "refuse_tp" / "metrics.jsonl").exists() or not read_metrics(pool["root"] / "refuse_tp")
 
 
+@pytest.mark.slow
 def test_a_global_batch_that_would_follow_the_dp_size_is_refused(pool):
     message = _refusal(pool, "refuse_gbs", 2)
     assert message.startswith("megatron_resilience: train.global_batch_size: the checkpoint ")
@@ -212,7 +217,36 @@ def test_a_global_batch_that_would_follow_the_dp_size_is_refused(pool):
             "training at DP=2") in message
 
 
+@pytest.mark.slow
 def test_a_dp_size_that_does_not_divide_the_global_batch_fails_before_torch_loads(pool):
     message = _refusal(pool, "refuse_dp3", 3)
     assert message == ("megatron_resilience: train.global_batch_size: must be a multiple of train.micro_batch_size * "
                        "data-parallel size = 4 * 3 = 12, got 16")
+
+
+def test_a_dp_size_that_cannot_carry_the_checkpoints_global_batch_is_refused_naming_both_sizes():
+    """The case the pool cannot show: ``train.global_batch_size`` unset at DP=3 (so 12 = 4 x 3 passes the check
+    before torch loads) on a checkpoint of global batch 16 at DP=4. Advising ``train.global_batch_size=16`` would
+    only lead to the refusal above, which no longer names the checkpoint's DP: the refusal names both sizes and
+    the DP sizes that can continue (``reshard.check_resume``, what the trainer calls before reading tensors)."""
+    saved = reshard.layout(world_size=4, tp=1, pp=1, dp=4, global_batch_size=16, micro_batch_size=4)
+    current = reshard.layout(world_size=3, tp=1, pp=1, dp=3, global_batch_size=12, micro_batch_size=4)
+    with pytest.raises(reshard.ReshardError) as refused:
+        reshard.check_resume(saved, "/c/iter_0000012", current=current, global_batch_explicit=False)
+    assert str(refused.value) == (
+        "train.global_batch_size: the checkpoint /c/iter_0000012 was written with TP=1 x PP=1 x DP=4 (4 ranks), "
+        "global batch 16 = 1 micro-batches x 4 x DP 4; this job's data-parallel size 3 (TP=1 x PP=1 x DP=3, 3 ranks) "
+        "cannot continue its global batch 16: it is not a multiple of train.micro_batch_size * data-parallel size = "
+        "4 * 3 = 12. Data-parallel sizes that can, with train.micro_batch_size=4: [1, 2, 4] (run on a node count "
+        "that gives one); or set train.global_batch_size to a multiple of 12 (another training)")
+    # DP=2 divides 16: the refusal is the one that names the value to set (the pool's refuse_gbs, end to end).
+    halved = reshard.layout(world_size=2, tp=1, pp=1, dp=2, global_batch_size=8, micro_batch_size=4)
+    with pytest.raises(reshard.ReshardError, match=r"Set train\.global_batch_size=16 to continue the same training "
+                                                   r"at DP=2 \(or set the new size explicitly\)$"):
+        reshard.check_resume(saved, "/c/iter_0000012", current=halved, global_batch_explicit=False)
+    kept = reshard.layout(world_size=2, tp=1, pp=1, dp=2, global_batch_size=16, micro_batch_size=4)
+    assert reshard.check_resume(saved, "/c/iter_0000012", current=kept, global_batch_explicit=True,
+                                announce=False) == (
+        "checkpoint: resuming /c/iter_0000012, written with TP=1 x PP=1 x DP=4 (4 ranks), global batch 16 = 1 "
+        "micro-batches x 4 x DP 4, with TP=1 x PP=1 x DP=2 (2 ranks), global batch 16 = 2 micro-batches x 4 x DP 2: "
+        "model and optimizer re-sharded over 2 data-parallel rank(s)")

@@ -8,6 +8,7 @@ against the real cluster in ``tests/slurm/test_elastic_on_slurm.py``.
 from __future__ import annotations
 
 import json
+import os
 
 from megatron_resilience.jobs import attempt_throughput, node_range
 from megatron_resilience.jobs.classifier import Classification
@@ -55,6 +56,36 @@ def test_nothing_changes_without_a_range_a_requeue_or_a_different_count():
     waits = node_range.plan(cfg(min_nodes=2, nodes=3, ntasks_per_node=4), {"nodes": ["a", "b", "c"]}, requeue(),
                             [], partition="p", states={"a": "down", "b": "drain", "c": "allocated"})
     assert (waits["nodes"], waits["tasks"], waits["available"]) == (2, 8, ["c"])
+
+
+SINFO_LINES = ["mn1|IDLE*", "mn2|allocated", "mn3|idle~", "mn4|idle-", "mn5|mixed$", "mn6|idle", "mn6|allocated",
+               "mn7|drained*", "mn8|idle#"]
+
+
+def test_a_node_that_does_not_respond_or_is_kept_from_new_work_is_not_counted_free(tmp_path, monkeypatch):
+    """sinfo's suffixes (man sinfo, NODE STATE CODES) are kept: ``idle*`` (not responding), ``idle-`` (planned for
+    a higher-priority job) and ``mixed$`` (maintenance reservation) cannot take the job now; ``idle~`` (powered
+    off) and ``idle#`` (powering up) can, as Slurm boots them for it. Read through a stub ``sinfo`` on PATH."""
+    from megatron_resilience.jobs import slurm
+
+    (tmp_path / "sinfo.out").write_text("".join(line + "\n" for line in SINFO_LINES))
+    (tmp_path / "sinfo").write_text(f"#!/bin/bash\ncat {tmp_path / 'sinfo.out'}\n")
+    (tmp_path / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    states = slurm.partition_node_states("faults")
+    assert states == {"mn1": "idle*", "mn2": "allocated", "mn3": "idle~", "mn4": "idle-", "mn5": "mixed$",
+                      "mn6": "idle", "mn7": "drained*", "mn8": "idle#"}
+    count = node_range.plan(cfg(nodes=5), {"nodes": ["mn2", "mn7"]}, requeue(), [], partition="faults")
+    assert count == {"nodes": 4, "was": 2, "full": 5, "min_nodes": 1, "available": ["mn2", "mn3", "mn6", "mn8"],
+                     "tasks": 4, "reason": "4 node(s) can take it now (mn2,mn3,mn6,mn8): grows back to 4 of 5"}
+    assert slurm.cluster("faults").unusable == ["mn1", "mn5", "mn7"]  # mn4 is only busy for now
+    assert {flag: (slurm.usable_at_all(f"idle{flag}"), slurm.usable_now(f"idle{flag}")) for flag in "*~#!%$@^-"} \
+        == {"*": (False, False), "~": (True, True), "#": (True, True), "!": (True, False), "%": (True, False),
+            "$": (False, False), "@": (True, False), "^": (True, False), "-": (True, False)}
+    # A node of the attempt that just ended is not counted once it stops responding (it did: allocated*).
+    gone = node_range.plan(cfg(), {"nodes": ["mn1", "mn2"]}, requeue(), [], partition="p",
+                           states={"mn1": "completing*", "mn2": "allocated"})
+    assert (gone["nodes"], gone["available"]) == (1, ["mn2"])
 
 
 def test_a_node_range_lets_the_decision_exclude_a_node_the_partition_cannot_replace():

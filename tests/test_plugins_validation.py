@@ -268,3 +268,57 @@ def test_an_unset_global_batch_is_fixed_at_the_full_size_with_a_log_line(caplog)
 def test_min_nodes_is_checked_when_the_plugin_is_made():
     with pytest.raises(ConfigError, match=r"^FaultTolerancePlugin\.min_nodes: must be an integer >= 1, got 0$"):
         FaultTolerancePlugin(min_nodes=0)
+
+
+@pytest.mark.parametrize("policy, inprocess, min_nodes, version, warned", [
+    ("min-healthy", False, 1, (0, 4, 1), "FaultTolerancePlugin.min_nodes=1 with FaultTolerancePlugin.restart_policy="
+     "'min-healthy' on nvidia-resiliency-ext 0.4.1: "),
+    ("min-healthy", True, 1, (0, 5), "FaultTolerancePlugin.min_nodes=1 with FaultTolerancePlugin.restart_policy="
+     "'min-healthy' (chosen by FaultTolerancePlugin.inprocess_restart=True) on nvidia-resiliency-ext 0.5: "),
+    ("any-failed", False, 1, (0, 4, 1), None),
+    (None, False, 1, (0, 4, 1), None),
+    ("min-healthy", False, 2, (0, 4, 1), None),  # no range: min_nodes = executor.nodes
+    ("min-healthy", False, 1, (0, 7), None),  # 0.6+: a range is hot spares (and min-healthy is refused there)
+])
+def test_min_healthy_on_a_node_range_is_a_warning_naming_both_keys(caplog, policy, inprocess, min_nodes, version,
+                                                                     warned):
+    """docs/elastic.md: with min-healthy the shrink and the job-level grow-back work, but ft_launcher adds no node
+    that joins after a round closed and counts restarts per round: a warning that says so and what to set, at the
+    node range's submit-time check (``node_range.setup``, given the policy the plugin renders)."""
+    from megatron_resilience.plugins import node_range
+    from megatron_resilience.plugins.executors import executor_profile
+
+    caplog.set_level("WARNING", "megatron_resilience.plugins")
+    executor = slurm(nodes=2, ntasks_per_node=1)
+    node_range.setup(min_nodes, editor=None, executor=executor, profile=executor_profile(executor, "x"),
+                     version=version, restart_policy=policy, inprocess_restart=inprocess)
+    found = [m for m in caplog.messages if "min-healthy mode" in m]
+    if warned is None:
+        assert found == []
+        return
+    tail = " (with inprocess_restart=True every dead process then restarts all workers)" if inprocess else ""
+    assert found == [warned + (
+        "ft_launcher turns upscaling off in min-healthy mode, so a node that joins after a rendezvous round closed "
+        "(one that started late) is not added to the running job until the next restart, and in-job restarts are "
+        "counted per rendezvous round for the whole job; a lost node still shrinks the job, and the job level grows "
+        "it back at the next requeue. To let a late node join inside the allocation, set "
+        "FaultTolerancePlugin.restart_policy='any-failed'") + tail]
+    assert node_range.remembered(executor) == {"min_nodes": 1, "nodes": 2, "ntasks_per_node": 1}  # still set up
+
+
+@pytest.mark.parametrize("kwargs, chosen_by_inprocess", [
+    ({"inprocess_restart": True}, True),
+    ({"restart_policy": "min-healthy"}, False),
+])
+def test_the_plugin_warns_about_min_healthy_on_a_node_range_it_renders(caplog, kwargs, chosen_by_inprocess):
+    """Through ``FaultTolerancePlugin.setup`` itself: the policy the plugin renders (the user's, or the one in-process
+    restart chooses on 0.4.x) reaches the node range's check."""
+    caplog.set_level("WARNING", "megatron_resilience.plugins")
+    executor = slurm(nodes=2, ntasks_per_node=1)
+    executor.assign("gpt_1", "/tmp/gpt_1", task_id="gpt", task_dir="gpt")
+    FaultTolerancePlugin(min_nodes=1, nvrx_version="0.4.1", **kwargs).setup(_trained(micro_batch_size=2), executor)
+    source = "FaultTolerancePlugin.restart_policy='min-healthy'" + (
+        " (chosen by FaultTolerancePlugin.inprocess_restart=True)" if chosen_by_inprocess else "")
+    found = [m for m in caplog.messages if "min-healthy mode" in m]
+    assert len(found) == 1 and found[0].startswith(f"FaultTolerancePlugin.min_nodes=1 with {source} on "
+                                                   "nvidia-resiliency-ext 0.4.1: "), found

@@ -5,7 +5,10 @@ size), every decision to requeue also decides the next attempt's node count, fro
 
     available = the partition's nodes that can take the job now (``sinfo``: idle or mixed), plus the nodes of
                 the attempt that just ended (the requeue frees them), minus the job's excluded nodes and
-                nodes that are down, drained or failing
+                nodes that are down, drained or failing, or carry a flag that keeps new work off them now
+                (``*`` not responding, ``$`` maintenance, ``!``/``%`` power down, ``@``/``^`` reboot, ``-``
+                planned for another job: ``slurm.usable_now``); powered-off (``~``) or powering-up (``#``)
+                nodes count, as Slurm boots them for the job
     next      = min(nodes, max(MIN, available))
 
 So a job whose node was excluded or died, in a partition without a spare, starts again at once on the nodes
@@ -43,8 +46,8 @@ def plan(cfg: Any, record: dict[str, Any], decision: Any, history: list[dict[str
         excluded |= set((earlier.get("decision") or {}).get("exclude_applied") or [])
     if states is None:
         states = slurm.partition_node_states(partition)
-    free = {n for n, s in states.items() if s in FREE_STATES}
-    usable = {n for n in ran_on if states.get(n, "allocated") not in slurm.UNUSABLE_NODE_STATES}
+    free = {n for n, s in states.items() if slurm.split_state(s)[0] in FREE_STATES and slurm.usable_now(s)}
+    usable = {n for n in ran_on if slurm.usable_now(states.get(n, "allocated"))}
     available = sorted((free | usable) - excluded)
     nodes = min(full, max(least, len(available)))
     was = len(ran_on) or full

@@ -19,6 +19,18 @@ LIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIG
         "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
 UNUSABLE_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "reboot", "unknown",
                         "not_responding", "future", "inval", "power_down", "powered_down")
+# sinfo's state suffixes (man sinfo, NODE STATE CODES) and whether a node carrying one can take a job now
+# (``usable_now``: a requeued attempt's node count) or ever (``usable_at_all``: may a node be excluded):
+#   *  not responding: gets no new work, and becomes DOWN if it stays so          -> neither
+#   $  in a reservation with the maintenance flag: not for this job               -> neither
+#   ~  powered off (power saving): Slurm powers it up for the job that gets it   -> both (after a boot)
+#   #  being powered up or configured                                            -> both
+#   !  pending power down, %  being powered down: taken out of service           -> later (powers up again)
+#   @  pending reboot, ^  reboot issued: back once rebooted                      -> later
+#   -  planned by the backfill scheduler for a higher-priority job               -> later
+NODE_FLAGS = "*~#!%$@^-"
+NEVER_FLAGS = "*$"
+NOT_NOW_FLAGS = "*$!%@^-"
 
 
 def _run(cmd: list[str], timeout: float = 30.0) -> str | None:
@@ -113,8 +125,26 @@ def node_details(nodes: list[str]) -> dict[str, dict[str, str]]:
     return found
 
 
+def split_state(state: str) -> tuple[str, str]:
+    """sinfo's ``%T`` -> (state, suffix flags), lower case: ``"IDLE*"`` -> ``("idle", "*")``."""
+    text = state.strip().lower()
+    base = text.rstrip(NODE_FLAGS)
+    return base, text[len(base):]
+
+
+def usable_at_all(state: str) -> bool:
+    """May a node in ``state`` (with its flags) ever run the job: not down, drained, failing or not responding."""
+    base, flags = split_state(state)
+    return base not in UNUSABLE_NODE_STATES and not set(flags) & set(NEVER_FLAGS)
+
+
+def usable_now(state: str) -> bool:
+    """Can a node in ``state`` take the job as soon as it is free: no flag that keeps it from new work now."""
+    return usable_at_all(state) and not set(split_state(state)[1]) & set(NOT_NOW_FLAGS)
+
+
 def cluster(partition: str | None) -> Cluster:
-    """The partition's nodes and which of them cannot take a job now (sinfo)."""
+    """The partition's nodes and which of them cannot run a job (sinfo; see ``usable_at_all``)."""
     cmd = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
     out = _run(cmd) or ""
     nodes, unusable = [], []
@@ -124,20 +154,21 @@ def cluster(partition: str | None) -> Cluster:
         name, state = line.split("|", 1)
         if name not in nodes:
             nodes.append(name)
-        if state.rstrip("*~#!%$@^-").lower() in UNUSABLE_NODE_STATES:
+        if not usable_at_all(state) and name not in unusable:
             unusable.append(name)
     return Cluster(nodes=nodes, unusable=unusable, partition=partition or "")
 
 
 def partition_node_states(partition: str | None) -> dict[str, str]:
-    """Node -> state of the partition's nodes (sinfo, lower case, flag suffixes such as ``*`` dropped; {} when
-    sinfo fails). A node in two states (e.g. idle and allocated CPUs) reads as the first sinfo lists."""
+    """Node -> state of the partition's nodes (sinfo ``%T``, lower case, suffix flags kept: ``idle*`` is an idle
+    node that does not respond, which ``usable_now`` rejects; {} when sinfo fails). A node in two states (e.g. idle
+    and allocated CPUs) reads as the first sinfo lists."""
     out = _run(["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])) or ""
     states: dict[str, str] = {}
     for line in out.splitlines():
         if "|" in line:
             name, state = line.split("|", 1)
-            states.setdefault(name, state.rstrip("*~#!%$@^-").lower())
+            states.setdefault(name, state.strip().lower())
     return states
 
 

@@ -131,6 +131,8 @@ class CheckpointManager:
         # its ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
         self.resume_check = resume_check
         self.best = layout.BestCheckpoints(config.save, config.keep_best) if config.keep_best else None
+        if self.best is not None and self.best.stale and _rank() == 0:
+            self._repair_best_list()
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
         self._pending: list[_Save] = []  # async saves scheduled and not yet committed, oldest first
@@ -337,14 +339,23 @@ class CheckpointManager:
             self._async_queue = upstream.checkpoint_async_calls_queue()
         return self._async_queue
 
+    def _repair_best_list(self) -> None:
+        """Rank 0: ``best_checkpoints.json`` from the folders' marks (the marks alone protected them meanwhile)."""
+        if self.best.unlisted:
+            log.warning("checkpoint: %s did not list %s (a crash after the commit, before the list was written); "
+                        "listed again from the validation loss recorded in the checkpoint",
+                        os.path.join(self.config.save, layout.BEST_FILE),
+                        ", ".join(layout.iter_dir_name(s) for s in self.best.unlisted))
+        self.best.write()
+
     def _commit(self, save: _Save) -> None:
         """Every rank has written its part of ``save.tmp``: rank 0 publishes it, then everyone continues."""
         torch.distributed.barrier()
         root, step = self.config.save, save.step
         final, nbytes = os.path.join(root, layout.iter_dir_name(step)), None
         best = self.best.commit(step) if self.best is not None else None  # every rank ranks it the same way
-        if _rank() == 0:
-            final = layout.commit(root, save.tmp, step)
+        if _rank() == 0:  # a best checkpoint's loss goes inside it before the rename: see BestCheckpoints
+            final = layout.commit(root, save.tmp, step, best=best)
             nbytes = layout.directory_bytes(final)
             layout.remove_stale_tmp(root)
             if best is not None:

@@ -7,6 +7,7 @@ Layout under ``checkpoint.save``::
     iter_0000030.tmp/                  a save in progress (or one cut off by a crash)
     latest_checkpointed_iteration.txt  "20": the newest committed step, written last
     best_checkpoints.json              with checkpoint.keep_best: the N best by validation loss
+    iter_0000020/validation.json       with checkpoint.keep_best: the loss a best checkpoint was ranked by
 
 A checkpoint is written under ``iter_N.tmp`` and renamed to ``iter_N`` only once
 every rank has finished writing, so a directory named ``iter_N`` is complete by
@@ -186,14 +187,18 @@ def apply_retention(root: str, keep_last_n: int, *, just_saved: int, protected: 
     return removed
 
 
-def commit(root: str, tmp_path: str, step: int) -> str:
+def commit(root: str, tmp_path: str, step: int, *, best: dict | None = None) -> str:
     """Make the finished save in ``tmp_path`` visible as ``iter_N`` and point the tracker at it.
 
-    Order matters for crash safety: rename (atomic) -> fsync -> tracker. When
+    Order matters for crash safety: [best mark] -> rename (atomic) -> fsync -> tracker. When
     ``iter_N`` already exists (a second save of the same step), it is moved
     aside first; a crash in between leaves ``iter_N.old``, which
     :func:`remove_stale_tmp` cleans, and the previous checkpoint is used.
+    ``best`` (``checkpoint.keep_best``: the entry :meth:`BestCheckpoints.commit` returned) is written into the
+    folder before the rename, so the checkpoint and its rank among the best become visible in one atomic step.
     """
+    if best is not None:
+        write_best_mark(tmp_path, best)
     final = os.path.join(root, iter_dir_name(step))
     aside = None
     if os.path.exists(final):
@@ -212,21 +217,44 @@ def commit(root: str, tmp_path: str, step: int) -> str:
 # --- the best checkpoints by validation loss (checkpoint.keep_best) ---------------------------------------------
 
 BEST_FILE = "best_checkpoints.json"
+BEST_MARK = "validation.json"  # inside iter_N: the validation loss it entered the best list with
 BEST_METRIC = "validation loss"
+
+
+def _rank_key(entry: dict) -> tuple[float, int]:
+    return entry["validation_loss"], entry["step"]
 
 
 class BestCheckpoints:
     """The ``keep`` checkpoints with the lowest validation loss, kept apart from the keep-last-N rotation.
 
     Every rank keeps the same list (the validation loss is reduced over the ranks, so every rank ranks the same
-    way): whether a step's checkpoint is wanted must be decided identically, a save being collective. Rank 0
-    writes it to ``best_checkpoints.json`` (atomically, after the checkpoint's rename and tracker): a checkpoint
-    is listed only once it is complete, and a best one is a plain ``iter_N`` that resumes like any other.
+    way): whether a step's checkpoint is wanted must be decided identically, a save being collective.
+
+    Where the list lives, and why there: a best checkpoint's loss is recorded *inside* its folder
+    (``iter_N/validation.json``, written before the rename, :func:`commit`), so the rename that makes the
+    checkpoint visible also makes its rank known, in one atomic step. At every start the list is rebuilt from
+    the ``iter_*`` folders' marks (with ``best_checkpoints.json``'s entries for folders written before marks
+    existed) and the best ``keep`` of them are protected. ``best_checkpoints.json`` (rank 0, atomically, after
+    the rename and tracker) is the readable copy of that list; a crash before it is written (after the rename)
+    leaves it stale, never the protection: the restarted run lists the checkpoint again (:attr:`stale`) before
+    any rotation. The alternative, writing the list before the rename, is not atomic either way round: it names
+    a checkpoint that may never appear and drops the entry it displaces before its replacement exists, so a
+    crash in between would leave the displaced best checkpoint to the rotation.
+
+    Ranking every marked folder again gives the list the saves built one by one (same key: loss, then step):
+    a checkpoint that dropped out of the best had ``keep`` better ones, which stay protected until displaced by
+    even better ones. A list shortened by a lower ``keep_best`` releases the extra ones to the rotation.
     """
 
     def __init__(self, root: str, keep: int) -> None:
         self.root, self.keep = root, keep
-        self.best: list[dict] = read_best(root)  # lowest loss first
+        listed = _read_listed(root)
+        self.best: list[dict] = read_best(root)[:keep]  # lowest loss first
+        # The file lags behind the folders (a crash after a best checkpoint's rename) or holds what is gone:
+        # rank 0 rewrites it (CheckpointManager); the steps below were protected by their marks alone.
+        self.stale = listed != self.best
+        self.unlisted = sorted(self.steps() - {e["step"] for e in listed})
         self._losses: dict[int, float] = {}  # validation losses of this run, by step, not yet committed
 
     def note(self, step: int, loss: float) -> bool:
@@ -246,8 +274,7 @@ class BestCheckpoints:
         if not self.wants(step):
             return None
         entry = {"step": step, "validation_loss": self._losses[step]}
-        ranked = sorted([b for b in self.best if b["step"] != step] + [entry],
-                        key=lambda b: (b["validation_loss"], b["step"]))
+        ranked = sorted([b for b in self.best if b["step"] != step] + [entry], key=_rank_key)
         self.best = ranked[:self.keep]
         return entry
 
@@ -257,15 +284,52 @@ class BestCheckpoints:
     def write(self) -> None:
         atomic_write_text(os.path.join(self.root, BEST_FILE), json.dumps(
             {"metric": BEST_METRIC, "keep_best": self.keep, "best": self.best}, indent=1) + "\n")
+        self.stale, self.unlisted = False, []
 
 
-def read_best(root: str) -> list[dict]:
+def write_best_mark(folder: str, entry: dict) -> None:
+    """Record ``entry`` (step, validation loss) inside a checkpoint folder (before its rename: see commit)."""
+    atomic_write_text(os.path.join(folder, BEST_MARK), json.dumps(
+        {"metric": BEST_METRIC, "step": entry["step"], "validation_loss": entry["validation_loss"]}) + "\n")
+
+
+def _entry(raw: object, step: int | None = None) -> dict | None:
+    """A well-formed ``{"step", "validation_loss"}`` (of ``step`` when given), else None."""
+    if not isinstance(raw, dict):
+        return None
+    loss, at = raw.get("validation_loss"), raw.get("step")
+    if isinstance(at, bool) or not isinstance(at, int) or (step is not None and at != step):
+        return None
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or loss != loss:
+        return None
+    return {"step": at, "validation_loss": loss}
+
+
+def _read_listed(root: str) -> list[dict]:
     """``best_checkpoints.json``'s entries whose ``iter_N`` still exists, lowest loss first ([] when none)."""
     try:
         with open(os.path.join(root, BEST_FILE), encoding="utf-8") as handle:
-            entries = json.load(handle)["best"]
+            raw = json.load(handle)["best"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
     present = {step for step, _ in iter_dirs(root)}
-    return sorted((e for e in entries if isinstance(e, dict) and e.get("step") in present),
-                  key=lambda b: (b["validation_loss"], b["step"]))
+    entries = [e for e in map(_entry, raw if isinstance(raw, list) else []) if e and e["step"] in present]
+    return sorted(entries, key=_rank_key)
+
+
+def read_best(root: str) -> list[dict]:
+    """Every checkpoint under ``root`` with a validation loss, lowest first: the ``iter_N`` folders' marks, and
+    ``best_checkpoints.json``'s entries for folders without one (written before marks existed; a mark wins)."""
+    found = {e["step"]: e for e in _read_listed(root)}
+    for step, path in iter_dirs(root):
+        try:
+            with open(os.path.join(path, BEST_MARK), encoding="utf-8") as handle:
+                mark = _entry(json.load(handle), step)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as err:
+            log.warning("checkpoint: ignoring %s: %s", os.path.join(path, BEST_MARK), err)
+            continue
+        if mark is not None:
+            found[step] = mark
+    return sorted(found.values(), key=_rank_key)

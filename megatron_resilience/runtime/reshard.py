@@ -20,12 +20,15 @@ A checkpoint records the layout it was written with (``layout`` in its common st
 
 * another TP or PP size: refused (only DP may change), naming both layouts;
 * another DP with ``train.global_batch_size`` unset: the global batch would silently follow the DP size
-  (micro batch x DP), which is another training: refused, naming both sizes and the value to set;
+  (micro batch x DP), which is another training: refused, naming both sizes and the value to set; when the
+  new DP does not divide the checkpoint's global batch (micro batch x DP must divide it), setting it would
+  fail too, so the refusal names both DP sizes and the data-parallel sizes that can continue it instead;
 * another DP with the global batch kept: logged (what changes per rank);
 * an explicitly different ``train.global_batch_size``: the user's choice, logged as a warning.
 
 What the job's size alone rules out (fewer ranks than one TP x PP replica, a DP that does not divide the
-global batch) fails earlier, in ``PretrainConfig.validate_world_size``, before torch loads.
+global batch set) fails earlier, in ``PretrainConfig.validate_world_size``, before torch loads and without the
+checkpoint: that message names the job's DP and the global batch, not the checkpoint's DP.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ def check_resume(saved: dict[str, Any] | None, path: str, *, current: dict[str, 
     dp_changed = saved.get("data_parallel_size") != current["data_parallel_size"]
     if saved_gbs is not None and saved_gbs != gbs:
         if not global_batch_explicit:
+            _check_dp_divides(saved, path, current)
             raise ReshardError(
                 f"train.global_batch_size: the checkpoint {path} was written with {describe(saved)}; unset, the "
                 f"global batch follows this job's size and would be {gbs} ({describe(current)}), another training. "
@@ -94,3 +98,23 @@ def check_resume(saved: dict[str, Any] | None, path: str, *, current: dict[str, 
     if announce:
         log.info("%s", line)
     return line
+
+
+def _check_dp_divides(saved: dict[str, Any], path: str, current: dict[str, Any]) -> None:
+    """Refuse, naming both DP sizes, a resume whose DP cannot carry the checkpoint's global batch at all.
+
+    Only reachable with ``train.global_batch_size`` unset (an explicit one was checked against this DP before
+    torch loaded): then the refusal below would advise setting the checkpoint's global batch, which this DP
+    does not divide, and the user would meet a second refusal that no longer names the checkpoint's DP.
+    """
+    saved_gbs, mbs, dp = saved["global_batch_size"], current["micro_batch_size"], current["data_parallel_size"]
+    if saved_gbs % (mbs * dp) == 0:
+        return
+    fits = [d for d in range(1, saved_gbs // mbs + 1) if saved_gbs % (mbs * d) == 0]
+    raise ReshardError(
+        f"train.global_batch_size: the checkpoint {path} was written with {describe(saved)}; this job's data-parallel "
+        f"size {dp} (TP={current['tensor_model_parallel_size']} x PP={current['pipeline_model_parallel_size']} x "
+        f"DP={dp}, {current['world_size']} ranks) cannot continue its global batch {saved_gbs}: it is not a multiple "
+        f"of train.micro_batch_size * data-parallel size = {mbs} * {dp} = {mbs * dp}. Data-parallel sizes that can, "
+        f"with train.micro_batch_size={mbs}: {fits or 'none'} (run on a node count that gives one); or set "
+        f"train.global_batch_size to a multiple of {mbs * dp} (another training)")
