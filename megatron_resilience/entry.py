@@ -3,13 +3,15 @@
 It takes one keyword argument per config section so NeMo-Run overrides read
 ``train.max_steps=2000 ft.calc_ft_timeouts=true``. Importing this module is
 cheap (no torch): the runtime is imported only when the function runs, on the
-compute node. Where nemo_run is already imported (a login node building ``run.Partial(pretrain, ...)``), it
-makes ``run.run``/``Experiment.add`` check our tasks, plugins or not (``plugins/submit_check.py``).
+compute node. It also makes ``run.run``/``Experiment.add`` check our tasks, plugins or not
+(``plugins/submit_check.py``), whichever of nemo_run and this module is imported first: at once when nemo_run is
+already imported, else right after ``import nemo_run`` finishes (``config.after_import``). Nothing heavy is
+imported here for that: the check itself (the plugins, fiddle) loads at the first submission.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Any
 
 from megatron_resilience.config import (
     CheckpointConfig,
@@ -25,6 +27,7 @@ from megatron_resilience.config import (
     StragglerConfig,
     TrainingConfig,
 )
+from megatron_resilience.config.after_import import call_after_import
 
 
 def pretrain(
@@ -62,7 +65,18 @@ def pretrain(
     run_pretraining(config)
 
 
-if "nemo_run" in sys.modules:  # building tasks on a login node: run.run checks ours, plugins or not
-    from megatron_resilience.plugins.submit_check import install
+def _check_submission(task: Any, executor: Any, plugins: Any = None) -> list[Any]:
+    """``plugins.submit_check.check_submission``, imported at the first submission: the hook below fires while
+    nemo_run (or our plugins package, which imports it) is still being imported, when the plugins cannot be."""
+    from megatron_resilience.plugins.submit_check import check_submission
 
-    install()
+    return check_submission(task, executor, plugins)
+
+
+def _check_our_tasks() -> None:
+    from megatron_resilience.upstream.nemorun import before_experiment_add
+
+    before_experiment_add(_check_submission)
+
+
+call_after_import("nemo_run", _check_our_tasks)  # on a login node: run.run checks ours, plugins or not

@@ -16,8 +16,9 @@ and a mistake in how the job is put together is one ``ConfigError`` line:
   lambda, a function defined inside another), which Fiddle otherwise reports after the plugins logged;
 * the task's config and job size (:func:`~megatron_resilience.plugins.task_check.check_task`).
 
-Installed when the plugins or recipes are imported, and by ``megatron_resilience.entry`` when nemo_run is
-already imported (``import nemo_run as run`` then ``from megatron_resilience.entry import pretrain``).
+Installed when the plugins or recipes are imported, and by ``megatron_resilience.entry`` in either import order:
+at once when nemo_run is already imported, else right after ``import nemo_run`` finishes (a meta-path hook that
+fires once; ``entry`` then imports this module only at the first submission).
 """
 
 from __future__ import annotations

@@ -45,6 +45,12 @@ from megatron_resilience.runtime.metrics import read_metrics as _read_metrics  #
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
+# Nothing in the suite talks to a network: W&B runs offline (its files are read back from disk) and quietly, here
+# and in every process a test starts (they inherit this environment). Forced, not defaulted: a developer's
+# WANDB_MODE=online must not reach wandb.ai from a test.
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_SILENT"] = "true"
+
 
 @pytest.fixture(autouse=True)
 def _root_logging_restored():

@@ -14,7 +14,8 @@ import pytest
 from dashboards_support import read_tensorboard
 
 from megatron_resilience import dashboards
-from megatron_resilience.config import ConfigError, LoggerConfig, PretrainConfig
+from megatron_resilience.config import ConfigError, LoggerConfig, ModelConfig, PretrainConfig
+from megatron_resilience.dashboards.flops import flops_per_token
 from megatron_resilience.dashboards.series import Point, Series
 from megatron_resilience.dashboards.tensorboard import EventWriter
 from megatron_resilience.dashboards.wandb_run import WandbRun
@@ -105,6 +106,43 @@ def test_series_leaves_recomputed_steps_out_and_marks_restarts_at_the_first_new_
     assert by_tag["lm loss validation"] == [(4, 3.5)]
     assert by_tag["straggler/gpu-relative-perf/rank-1"] == [(4, 0.5)]
     assert by_tag["straggler/gpu-relative-perf/min"] == [(4, 0.5)] and by_tag["straggler/stragglers"] == [(4, 1.0)]
+
+
+def test_flops_per_token_is_megatron_lms_count_for_our_shapes():
+    """l (12 h f + 12 h (h + h g/n) + 6 h s) + 6 h v. The two figures were also computed with the
+    num_floating_point_operations that megatron-core 0.19.2 ships (megatron/training/training.py, BSHD, no
+    SwiGLU/MoE), which gave the same numbers: it is not imported here (it needs Megatron-LM's args and torch)."""
+    tiny = ModelConfig()  # gpt_tiny: 2 layers, hidden 64, 4 heads, FFN 256, seq 64, vocab 1024
+    assert flops_per_token(tiny) == 2 * (12 * 64 * 256 + 12 * 64 * (64 + 64) + 6 * 64 * 64) + 6 * 64 * 1024 == 1032192
+    gqa = ModelConfig(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                      ffn_hidden_size=11008, seq_length=4096, vocab_size=32000)
+    assert flops_per_token(gqa) == 29374808064  # key/value width 4096 / 32 x 8 = 1024
+
+
+def test_series_writes_megatron_lms_throughput_in_tflops_per_gpu_at_the_attempts_world_size():
+    s, pts = Series(flops_per_token=1032192.0), []
+    feed = [{"kind": "start", "step": 0, "restart": "first", "totals": ZERO, "world_size": 2},
+            {"kind": "train", "step": 1, "loss": 1.0, "step_time_s": 0.5, "tokens_per_s": 1e6},
+            {"kind": "start", "step": 1, "resumed": True, "restart": "requeue", "last_logged_step": 1, "totals": ZERO,
+             "world_size": 1},  # an elastic attempt on fewer ranks: per GPU is per its own ranks
+            {"kind": "train", "step": 2, "loss": 1.0, "step_time_s": 0.5, "tokens_per_s": 1e6},
+            {"kind": "train", "step": 3, "loss": 1.0, "step_time_s": 0.0, "tokens_per_s": float("inf")}]
+    for record in feed:
+        pts += s.points(record)
+    assert [(p.step, p.value) for p in pts if p.tag == "throughput"] == [(1, 0.516096), (2, 1.032192)]
+    assert [p.tag for p in pts if p.step == 1][:3] == ["lm loss", "iteration-time", "throughput/tokens-per-sec"]
+    # no model shape (a sink built without it) or no world size (a start record from before it was recorded)
+    for series, start in ((Series(), feed[0]), (Series(flops_per_token=1.0), {**feed[0], "world_size": None})):
+        assert "throughput" not in {p.tag for r in (start, feed[1]) for p in series.points(r)}
+
+
+def test_the_trainers_sink_knows_the_models_flops(tmp_path):
+    config = PretrainConfig(run_dir=str(tmp_path), model=ModelConfig(num_layers=3))
+    sink = dashboards.open_sink(config)
+    try:
+        assert sink.series.flops_per_token == flops_per_token(config.model) == 1032192 + 319488
+    finally:
+        sink.close()
 
 
 def test_tensorboard_writer_is_read_back_by_tensorboards_loader(tmp_path):

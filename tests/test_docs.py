@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 PAGES = ["README.md", "DEVELOPERS.md", "examples/cli.md"] + sorted(
     f"docs/{name}" for name in os.listdir(DOCS) if name.endswith(".md"))
-README_MAX_LINES = 220
+README_MAX_LINES = 200
 
 
 def _read(relpath: str, root: str = ROOT) -> str:

@@ -8,7 +8,7 @@
 - one rank per GPU: the same message in the CLI, ``preview``, ``run.run`` with and without plugins, and the fix
   it suggests passes every check;
 - ``run.run`` without plugins checks our tasks (a LocalExecutor job is never started), also in a fresh
-  interpreter that imported only nemo_run and ``megatron_resilience.entry``;
+  interpreter that imported only nemo_run and ``megatron_resilience.entry``, in either order;
 - Python misuse of plugins and tasks: one line each;
 - the docs' ``run.LocalTunnel(...)`` constructions and the CLI's ``-y``.
 """
@@ -185,24 +185,36 @@ def test_run_run_without_plugins_checks_our_task_and_starts_nothing(overrides, m
     assert files(home) == [] and not (tmp_path / "run").exists()  # no experiment folder, no job started
 
 
-def test_run_run_checks_in_an_interpreter_that_imported_only_nemo_run_and_the_entry_point(tmp_path):
-    code = textwrap.dedent(f"""
-        import nemo_run as run
+IMPORTS = {"nemo_run first": "import nemo_run as run\nfrom megatron_resilience.entry import pretrain",
+           "entry first": "from megatron_resilience.entry import pretrain\nimport nemo_run as run"}
+
+
+@pytest.mark.parametrize("order", sorted(IMPORTS))
+def test_run_run_checks_in_an_interpreter_that_imported_only_nemo_run_and_the_entry_point(order, tmp_path):
+    """Either import order (entry first: the meta-path hook fires after ``import nemo_run``, then is gone and
+    nemo_run keeps its own loader); a dry run is refused too, and the plugins load only at the submission."""
+    code = IMPORTS[order] + "\n" + textwrap.dedent(f"""
+        import sys
         from nemo_run.config import set_nemorun_home
-        from megatron_resilience.entry import pretrain
         from megatron_resilience.config import ParallelConfig
+        print("HOOKS", [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "_AfterImport"],
+              type(run.__loader__).__name__ == type(run.__spec__.loader).__name__ == "SourceFileLoader",
+              "megatron_resilience.plugins" in sys.modules)
         set_nemorun_home({str(tmp_path / 'home')!r})
         task = run.Partial(pretrain, run_dir={str(tmp_path / 'run')!r},
                            parallel=run.Config(ParallelConfig, tensor_model_parallel_size=4))
-        try:
-            run.run(task, executor=run.LocalExecutor(ntasks_per_node=2))
-        except Exception as err:
-            print("REFUSED", type(err).__name__, err)
+        for dryrun in (True, False):
+            try:
+                run.run(task, executor=run.LocalExecutor(ntasks_per_node=2), dryrun=dryrun)
+            except Exception as err:
+                print("REFUSED", dryrun, type(err).__name__, err)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.stdout.strip().splitlines()[-1] == (
-        "REFUSED ConfigError parallel: tensor_model_parallel_size * pipeline_model_parallel_size = 4 must divide the "
-        "world size 2, got 4"), out.stdout + out.stderr
+    refused = ("ConfigError parallel: tensor_model_parallel_size * pipeline_model_parallel_size = 4 must divide the "
+               "world size 2, got 4")
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("HOOKS", "REFUSED"))]
+    assert lines == ["HOOKS [] True False", f"REFUSED True {refused}", f"REFUSED False {refused}"], \
+        out.stdout + out.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -259,10 +271,27 @@ def test_every_local_tunnel_the_docs_show_constructs_and_previews(home):
             (page, call)
 
 
-def test_dash_y_is_yes_and_launches_without_a_prompt_as_the_cli_page_says(tmp_path):
+def test_dash_y_is_yes_and_launches_without_a_prompt_as_the_cli_page_says(tmp_path, monkeypatch):
+    """nemo binds ``-y`` twice (``--yaml`` and ``--yes``); click keeps the last. nemo_run's own parser builds the
+    run context of the real command line; its execution is replaced by recording the context, so no job runs."""
+    import nemo_run.cli.api as nemo_cli_api
+    import typer
+
+    from megatron_resilience.recipes.cli import PretrainRunContext
+
     text = open(os.path.join(ROOT, "examples", "cli.md")).read()
     assert "`--yes` or `-y` (no\n  prompt: the job is launched at once; `-y` is not `--yaml`" in text
-    # nemo binds -y twice (--yaml and --yes); click keeps the last: a -y before --dryrun is not a YAML path
-    code = run_cli(["megatron_resilience", "pretrain", "--factory", "gpt_tiny", f"run_dir={tmp_path}/r", "-y",
-                    "--dryrun", "run.executor=local"], standalone_mode=False)
-    assert code in (0, None)
+    contexts = []
+    monkeypatch.setattr(PretrainRunContext, "cli_execute", lambda self, fn, args, *rest: contexts.append(self))
+    for flag in ("-y", "--yes", None):
+        run_cli(["megatron_resilience", "pretrain", "--factory", "gpt_tiny", f"run_dir={tmp_path}/r",
+                 *([flag] if flag else []), "run.executor=local"], standalone_mode=False)
+    assert [(c.skip_confirmation, c.yaml) for c in contexts] == [(True, None), (True, None), (False, None)]
+    # what skip_confirmation does: without it nemo_run asks (answered "no" here); with it, it goes on unasked
+    prompts = []
+    monkeypatch.setattr(typer, "confirm", lambda text, *a, **k: prompts.append(text) or False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # nemo_run never asks under torchrun
+    monkeypatch.setattr(nemo_cli_api, "NEMORUN_SKIP_CONFIRMATION", None)  # its answer of an earlier prompt
+    assert contexts[2]._should_continue(contexts[2].skip_confirmation) is False and prompts == ["Continue?"]
+    monkeypatch.setattr(nemo_cli_api, "NEMORUN_SKIP_CONFIRMATION", None)
+    assert contexts[0]._should_continue(contexts[0].skip_confirmation) is True and prompts == ["Continue?"]

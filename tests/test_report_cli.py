@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import struct
+import sys
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from megatron_resilience.dashboards import DashboardSink
 from megatron_resilience.dashboards.tensorboard import EventWriter
 from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.report_cli import main as report_main
+from megatron_resilience.jobs.report_cli import skipped
 from megatron_resilience.runtime.metrics import MetricsLogger
 from megatron_resilience.upstream.nemorun import run_cli
 
@@ -91,6 +93,35 @@ def test_goodput_and_badput_land_in_the_runs_tensorboard_once_however_often_the_
     assert code == 0 and "tensorboard:" not in out
 
 
+def test_a_login_node_without_matplotlib_or_tensorboard_gets_the_report_and_one_line_per_skipped_part(
+        runs, monkeypatch):
+    """Neither package is a required dependency. Both are blocked in this process (every loaded module of theirs
+    too: a loaded submodule would otherwise still import), as on a login node that lacks them."""
+    run = runs / "a"
+    for name in [m for m in sys.modules if m.split(".")[0] in ("matplotlib", "tensorboard")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    before = sorted(p.name for p in (run / "tensorboard").iterdir())
+    code, out, err = _capture(report_main, [str(run)])
+    assert code == 0
+    assert out.startswith(f"megatron_resilience report: {run}\n") and "\ngoodput: " in out
+    assert "timeline:" not in out and "tensorboard:" not in out
+    assert err.splitlines() == [
+        "megatron_resilience report: timeline skipped: matplotlib is not installed (pip install matplotlib; "
+        "--png none leaves it out)",
+        "megatron_resilience report: goodput/badput TensorBoard scalars skipped: tensorboard is not installed "
+        "(pip install 'megatron-resilience[tensorboard]'; --no-tensorboard leaves them out)"]
+    assert not list(run.glob("*.png")) and sorted(p.name for p in (run / "tensorboard").iterdir()) == before
+    code, out, err = _capture(report_main, [str(run), "--json"])  # stdout stays JSON; the lines go to stderr
+    assert code == 0 and json.loads(out)["accounting"] and len(err.splitlines()) == 2
+    assert _capture(report_main, [str(run), "--png", "none", "--no-tensorboard"])[2] == ""
+    # a package that is there but does not import says why instead
+    assert skipped("timeline", ImportError("numpy.core.multiarray failed to import", name="numpy")) == (
+        "megatron_resilience report: timeline skipped: matplotlib did not import (ImportError: "
+        "numpy.core.multiarray failed to import; --png none leaves it out)")
+
+
 def test_logs_prints_each_attempts_own_part_of_the_appended_batch_log(tmp_path):
     run, jobdir = tmp_path / "run", tmp_path / "job"
     jobdir.mkdir()
@@ -135,11 +166,30 @@ def test_nemo_report_takes_key_value_and_flag_forms_and_names_bad_options(runs):
     assert code == 1 and "give exactly one run directory or experiment id" in " ".join(out.split())
 
 
-def test_nemo_watch_takes_interval_and_once_in_both_forms(runs):
-    run = str(runs / "a")  # no job-level config: watch says so after its options parsed
-    for argv in (["--interval", "5", "--once"], ["interval=5", "once=true"], ["--interval=5"]):
-        code, out, err = nemo("watch", run, *argv)
-        assert code == 2 and "megatron_resilience watch: no job-level config found" in err, (argv, out, err)
+def test_nemo_watch_takes_interval_and_once_in_both_forms(runs, monkeypatch):
+    """What reaches the watcher: the argv ``watch_argv`` hands to ``python -m megatron_resilience.watch``'s main,
+    and the interval and once that main's own parser then gives the watcher's wait loop (the job is pending:
+    no job-level config yet; the loop is replaced, so no Slurm is asked)."""
+    from megatron_resilience.jobs import watch_cli
+
+    run, seen = str(runs / "a"), []
+    real_main = watch_cli.main
+    monkeypatch.setattr(watch_cli, "main", lambda argv: seen.append(("argv", argv)) or real_main(argv))
+    monkeypatch.setattr(watch_cli, "wait_for_first_attempt", lambda run_dir, job_id, *, interval, once, **_: (
+        seen.append(("wait", run_dir, job_id, interval, once)) or (None, 0)))
+    for argv in (["--interval", "5", "--once", "--job-id", "42"], ["interval=5", "once=true", "job_id=42"],
+                 ["--interval=5", "--job-id=42", "--once"]):
+        seen.clear()
+        assert nemo("watch", run, *argv)[0] == 0, argv
+        assert seen == [("argv", [run, "--interval", "5.0", "--job-id", "42", "--once"]),
+                        ("wait", run, "42", 5.0, True)], argv
+    seen.clear()
+    code, out, err = nemo("watch", run, "interval=0.5")  # no job id: watch says what is missing
+    assert code == 2 and "megatron_resilience watch: no job-level config found" in err, (out, err)
+    assert seen == [("argv", [run, "--interval", "0.5"])]
+    seen.clear()
+    nemo("watch", run, "job_id=7", "once=true")  # the default interval, 30 s, as python -m's
+    assert seen == [("argv", [run, "--interval", "30.0", "--job-id", "7", "--once"]), ("wait", run, "7", 30.0, True)]
     code, out, _ = nemo("watch", run, "--interval", "0")
     assert code == 1 and "watch: interval must be a number of seconds > 0, got '0'" in " ".join(out.split())
     code, out, _ = nemo("watch", run, "interval=soon")

@@ -1,8 +1,9 @@
 """Where Megatron users look: the run's metrics and resilience events on TensorBoard and W&B.
 
 Fed by the one writer of ``metrics.jsonl`` (``runtime/metrics.py``, rank 0): each record becomes chart
-points (:mod:`.series`) written to TensorBoard event files (:mod:`.tensorboard`) and a W&B run
-(:mod:`.wandb_run`). Importing this package is cheap: tensorboard and wandb load when a sink opens.
+points (:mod:`.series`; Megatron-LM's TFLOP/s per GPU from the model's shape, :mod:`.flops`) written to
+TensorBoard event files (:mod:`.tensorboard`) and a W&B run (:mod:`.wandb_run`). Importing this package is
+cheap: tensorboard and wandb load when a sink opens.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.logger import DEFAULT_TENSORBOARD_DIR
+from megatron_resilience.dashboards.flops import flops_per_token
 from megatron_resilience.dashboards.series import Point, Series
 
 log = logging.getLogger("megatron_resilience.dashboards")
@@ -52,8 +54,8 @@ class DashboardSink:
     A dashboard that fails mid-run (a full disk, W&B's service gone) logs one warning and is dropped:
     training and ``metrics.jsonl`` go on."""
 
-    def __init__(self, writers: dict[str, Any]) -> None:
-        self.series = Series()
+    def __init__(self, writers: dict[str, Any], *, flops_per_token: float | None = None) -> None:
+        self.series = Series(flops_per_token=flops_per_token)
         self.writers = writers
 
     def write(self, record: dict[str, Any]) -> None:
@@ -107,4 +109,4 @@ def open_sink(config: PretrainConfig) -> DashboardSink | None:
                                     save_dir=lg.wandb_path(config.run_dir),
                                     id_folder=config.checkpoint.save or config.run_dir,
                                     config=dataclasses.asdict(config))
-    return DashboardSink(writers) if writers else None
+    return DashboardSink(writers, flops_per_token=flops_per_token(config.model)) if writers else None

@@ -6,6 +6,7 @@ Scalar names are Megatron-LM's, so existing dashboards and habits carry over:
 ``lm loss``, ``learning-rate``,             every ``train`` record (``loss-scale`` with fp16 only)
 ``grad-norm``, ``iteration-time`` (s),
 ``throughput/tokens-per-sec``,
+``throughput`` (TFLOP/s per GPU),
 ``loss-scale``, ``consumed-samples``
 ``lm loss validation``                      every ``eval`` record
 ``checkpoint/save-seconds``                 each durable save: the time training was blocked (``blocking_s``)
@@ -24,6 +25,9 @@ Scalar names are Megatron-LM's, so existing dashboards and habits carry over:
 ``straggler/stragglers``
 =========================================  ==================================================================
 
+``throughput`` is Megatron-LM's tag and figure (model TFLOP/s per GPU, :mod:`.flops`): written when the sink
+knows the model's shape (the trainer's does) and the attempt's ``start`` record its ``world_size``.
+
 One step axis across attempts: a (re)start resumes from a checkpoint at or before the highest step logged
 so far (``last_logged_step`` of its ``start`` record); the steps it runs again are already on the chart, so
 their points are left out (they are in ``metrics.jsonl``, and the ``recomputed`` counts say how many). No
@@ -36,6 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from megatron_resilience.dashboards.flops import tflops_per_gpu
 
 TRAIN_SCALARS = (("lm loss", "loss"), ("learning-rate", "lr"), ("grad-norm", "grad_norm"),
                  ("iteration-time", "step_time_s"), ("throughput/tokens-per-sec", "tokens_per_s"),
@@ -80,7 +86,9 @@ def describe_start(record: dict[str, Any], cause: str | None = None) -> str:
 class Series:
     """Stateful: feed it every record in file order (:meth:`points`); it returns what to draw."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, flops_per_token: float | None = None) -> None:
+        self.flops_per_token = flops_per_token  # the model's (flops.flops_per_token); None: no `throughput` tag
+        self.world_size: int | None = None  # the current attempt's, from its `start` record
         self.resume_high = -1  # steps <= this were on the chart before this attempt started
         self.last_step: dict[str, int] = {}  # per tag, within this process: never a step twice
         self.totals: dict[str, int] = {}
@@ -100,6 +108,10 @@ class Series:
         elif kind == "train" and isinstance(step, int):
             for tag, key in TRAIN_SCALARS:
                 self._emit(out, tag, _number(record.get(key)), step)
+            tokens_per_s = _number(record.get("tokens_per_s"))
+            if self.flops_per_token and self.world_size and tokens_per_s is not None:
+                self._emit(out, "throughput", tflops_per_gpu(self.flops_per_token, tokens_per_s, self.world_size),
+                           step)
             if out:  # a new step: the running totals, and what this (re)start was
                 for name, tag in TOTAL_TAGS.items():
                     self._emit(out, tag, float(self.totals.get(name, 0)), step)
@@ -126,6 +138,8 @@ class Series:
         return out
 
     def _start(self, record: dict[str, Any]) -> None:
+        world_size = record.get("world_size")
+        self.world_size = world_size if isinstance(world_size, int) and world_size > 0 else None
         high = record.get("last_logged_step")
         self.resume_high = max(self.resume_high, high if isinstance(high, int) else -1)
         self.totals = dict(record.get("totals") or {})

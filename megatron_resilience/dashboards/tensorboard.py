@@ -25,7 +25,8 @@ def import_writer():
         from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError as err:
-        raise ImportError(f"TensorBoard event files need the tensorboard package: {INSTALL_HINT} ({err})") from None
+        raise ImportError(f"TensorBoard event files need the tensorboard package: {INSTALL_HINT} ({err})",
+                          name=err.name) from None  # the module that was missing, for callers that skip the files
     return EventFileWriter, event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
 
 

@@ -2,7 +2,9 @@
 goodput/badput as TensorBoard scalars of the run.
 
 Apart from :mod:`.report` (which builds and formats) and :mod:`.timeline` (which draws from a built report),
-so that neither imports the other's caller.
+so that neither imports the other's caller. matplotlib (the PNG) and tensorboard (the scalars) are not required
+dependencies, and a login node often lacks them: without one, that part is skipped with one line saying what to
+install, and the report itself still prints and exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from megatron_resilience.jobs.ledger import LEDGER_FILE
 from megatron_resilience.jobs.timeline import write_timeline
 
 PROG = "python -m megatron_resilience.report"
+# what each optional part needs: (package, install hint, the option that leaves it out); extras are pyproject's
+OPTIONAL = {"timeline": ("matplotlib", "pip install matplotlib", "--png none leaves it out"),
+            "goodput/badput TensorBoard scalars": ("tensorboard", "pip install 'megatron-resilience[tensorboard]'",
+                                                   "--no-tensorboard leaves them out")}
 RUN_FILES = ("metrics.jsonl", LEDGER_FILE)  # what makes a folder a run: the trainer's or the batch script's record
 
 
@@ -47,6 +53,14 @@ def not_a_run(path: str) -> str:
             f"{listing}")
 
 
+def skipped(part: str, err: ImportError) -> str:
+    """The one line for an optional part whose package did not import (missing, or broken: then its error)."""
+    package, hint, option = OPTIONAL[part]
+    why = (f"{package} is not installed ({hint}" if (err.name or "").split(".")[0] == package else
+           f"{package} did not import ({type(err).__name__}: {err}")
+    return f"megatron_resilience report: {part} skipped: {why}; {option})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=report.__doc__.split("\n")[0])
     parser.add_argument("run_dir")
@@ -72,12 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.logs:
         print(attempt_logs(args.run_dir, run_report.rows))
     if args.png != "none":
-        png = write_timeline(run_report, args.png or os.path.join(args.run_dir, "attempts_timeline.png"))
-        if not args.json:
-            print(f"timeline: {png}")
+        try:
+            png = write_timeline(run_report, args.png or os.path.join(args.run_dir, "attempts_timeline.png"))
+        except ImportError as err:
+            print(skipped("timeline", err), file=sys.stderr)
+        else:
+            if not args.json:
+                print(f"timeline: {png}")
     if not args.no_tensorboard:
-        events = report_scalars.write(args.run_dir, as_dict, read_metrics(os.path.join(args.run_dir,
-                                                                                        "metrics.jsonl")))
-        if events and not args.json:
-            print(f"tensorboard: goodput/badput scalars in {events}")
+        try:
+            events = report_scalars.write(args.run_dir, as_dict, read_metrics(os.path.join(args.run_dir,
+                                                                                            "metrics.jsonl")))
+        except ImportError as err:
+            print(skipped("goodput/badput TensorBoard scalars", err), file=sys.stderr)
+        else:
+            if events and not args.json:
+                print(f"tensorboard: goodput/badput scalars in {events}")
     return 0
