@@ -8,16 +8,17 @@
   into ``run.Config`` objects; both forms are handled.
 * NeMo 2.0: ``run.Partial(llm.pretrain, model=..., data=..., trainer=run.Config(Trainer, callbacks=[...]),
   log=...)`` (a function of ``nemo.*`` or any Partial with a Lightning/NeMo ``trainer``): callbacks are
-  merged into ``trainer.callbacks`` as NeMo's plugins merge them (one of the same class already there is
-  kept). The classes are imported when the plugin runs (the login node that built a NeMo task has NeMo);
-  where one does not import there, the callback is a ``run.Config`` of
-  ``megatron_resilience.config.lazy_import.build`` that imports it on the compute node (logged).
+  merged into ``trainer.callbacks`` as NeMo's plugins merge them (an equal ``run.Config`` already there is not
+  added again; one of the same class with other arguments is). The classes are imported when the plugin runs
+  (the login node that built a NeMo task has NeMo); where one does not import there, the callback is a
+  ``run.Config`` of ``megatron_resilience.config.lazy_import.build`` that imports it on the compute node (logged).
 
 Every change is logged on ``megatron_resilience.plugins`` with the old and new value.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import logging
@@ -196,27 +197,45 @@ def _callback_target(callback: Any) -> str:
     return _name(cls)
 
 
-def _same_class(a: str, b: str) -> bool:
-    # The class's own module (nemo...callbacks.preemption.PreemptionCallback) or the package that exports it.
-    return a == b or a.rsplit(".", 1)[-1] == b.rsplit(".", 1)[-1]
+def _same_callback(a: Any, b: Any) -> bool:
+    """NeMo's test (``callback not in trainer.callbacks``): equal ``run.Config`` objects, i.e. the same class and
+    the same arguments. Our compute-node form (``lazy_import.build(target=<class>, ...)``, used where the class does
+    not import) counts as the ``run.Config`` of the class it builds: it builds the same callback."""
+    if a is b or a == b:
+        return True
+    if not (hasattr(a, "__fn_or_cls__") and hasattr(b, "__fn_or_cls__")):
+        return False
+
+    def arguments(callback: Any) -> dict[str, Any]:
+        found = dict(getattr(callback, "__arguments__", {}) or {})
+        if getattr(callback.__fn_or_cls__, "__name__", "") == "build":
+            found.pop("target", None)
+        return found
+
+    return _callback_target(a) == _callback_target(b) and arguments(a) == arguments(b)
 
 
 def merge_callbacks(trainer: Any, callbacks: list[Any], plugin: str) -> list[str]:
-    """Append ``callbacks`` to ``trainer.callbacks`` (NeMo's merge: one of the same class is kept); returns
-    the targets added."""
-    current = list(getattr(trainer, "callbacks", None) or [])
-    present = [_callback_target(c) for c in current]
-    added = []
-    for callback in callbacks:
-        target = _callback_target(callback)
-        if any(_same_class(target, p) for p in present):
-            log.info("%s: task trainer.callbacks already has %s: kept as it is", plugin, target.rsplit(".", 1)[-1])
-            continue
-        current.append(callback)
-        present.append(target)
-        added.append(target)
+    """Merge ``callbacks`` into ``trainer.callbacks`` exactly as NeMo's plugins do (``_merge_callbacks`` in
+    ``nemo/lightning/run/plugins.py``), so a NeMo user's task ends up with the callbacks NeMo would give it: when
+    the trainer has callbacks, each given one is appended unless an equal one (same class and arguments) is
+    already there (one of the same class with other arguments is appended too); when it has none,
+    ``trainer.callbacks`` becomes a copy of ``callbacks``. Returns the targets added."""
+    current = getattr(trainer, "callbacks", None)
+    if not current:
+        trainer.callbacks = copy.deepcopy(list(callbacks))
+        added = [_callback_target(c) for c in callbacks]
+    else:
+        merged, added = list(current), []
+        for callback in callbacks:
+            if any(_same_callback(callback, c) for c in merged):
+                log.info("%s: task trainer.callbacks already has %s with the same arguments: not added again",
+                         plugin, _callback_target(callback).rsplit(".", 1)[-1])
+                continue
+            merged.append(callback)
+            added.append(_callback_target(callback))
+        trainer.callbacks = merged
     if added:
-        trainer.callbacks = current
         log.info("%s: task trainer.callbacks += %s", plugin, [t.rsplit(".", 1)[-1] for t in added])
     return added
 

@@ -74,13 +74,26 @@ NAME = "PreemptionPlugin"
 STOP_REASON_FILE = "stop_reason.json"
 
 
+def _signal_name(key: str, value: Any) -> str:
+    """``value`` as the name the trainer and Slurm are given: our ``"SIGINT"``, or NeMo's ``signal.SIGINT`` (a
+    ``signal.Signals`` member, whose plain ``str`` would be ``"Signals.SIGINT"``) or its number."""
+    name = value
+    if isinstance(value, int) and not isinstance(value, bool):
+        name = _signal.Signals(value).name if value in {s.value for s in _signal.Signals} else None
+    if not isinstance(name, str) or name not in CATCHABLE_SIGNALS:
+        fail(key, f"must be one of {list(CATCHABLE_SIGNALS)}", value)  # or their signal.Signals members
+    return name
+
+
 @dataclass(kw_only=True)
 class PreemptionPlugin(run.Plugin):
     """Graceful exit on ``signal``, sent by Slurm ``preempt_time`` seconds before the job's time limit.
 
     The first fields and their defaults are Megatron-Bridge's; ``signal`` is ours (the trainer's
-    ``train.exit_signal``); ``callbacks`` is NeMo 2.0's: ``run.Config`` callbacks merged into a NeMo task's
-    ``trainer.callbacks`` instead of NeMo's ``PreemptionCallback``. ``cloud_notice`` ("aws", "gcp", "azure"): the
+    ``train.exit_signal``: a name, or a ``signal.Signals`` member); ``sig`` is NeMo 2.0's name for it, accepted
+    so a NeMo user's ``PreemptionPlugin(sig=signal.SIGINT)`` keeps working (it becomes ``signal``, logged);
+    ``callbacks`` is NeMo 2.0's: ``run.Config`` callbacks merged into a NeMo task's ``trainer.callbacks`` instead
+    of NeMo's ``PreemptionCallback``. ``cloud_notice`` ("aws", "gcp", "azure"): the
     trainer's local rank 0 of each node also polls that cloud's instance metadata service every
     ``cloud_notice_interval`` seconds for a spot/preemptible notice and treats one exactly like ``signal``
     (``train.preemption_notice``; ``cloud_notice_url`` replaces the metadata service's address, e.g. a proxy).
@@ -92,6 +105,7 @@ class PreemptionPlugin(run.Plugin):
     enable_exit_handler_for_data_loader: bool = False
     script_args_converter_fn: Callable[[PreemptionPluginScriptArgs], list[str]] | None = None
     signal: str = "SIGTERM"
+    sig: Any = None
     callbacks: list[Any] | None = None
     cloud_notice: str | None = None
     cloud_notice_interval: float = 5.0
@@ -102,8 +116,14 @@ class PreemptionPlugin(run.Plugin):
         for name in ("enable_exit_handler", "enable_exit_handler_for_data_loader"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{NAME}.{name}", "must be true or false", getattr(self, name))
-        if self.signal not in CATCHABLE_SIGNALS:
-            fail(f"{NAME}.signal", f"must be one of {list(CATCHABLE_SIGNALS)}", self.signal)
+        self.signal = _signal_name(f"{NAME}.signal", self.signal)
+        if self.sig is not None:  # NeMo 2.0's field: one setting under two names, so two values must agree
+            sig = _signal_name(f"{NAME}.sig", self.sig)
+            if self.signal not in ("SIGTERM", sig):
+                raise ConfigError(f"{NAME}.sig: NeMo 2.0's name for {NAME}.signal; sig={sig!r} and "
+                                  f"signal={self.signal!r} ask for two signals: set one of them")
+            log.info("%s: sig=%s (NeMo 2.0's name) is signal=%r", NAME, sig, sig)
+            self.signal, self.sig = sig, None
         if self.script_args_converter_fn is not None and not callable(self.script_args_converter_fn):
             fail(f"{NAME}.script_args_converter_fn", "must be a function of PreemptionPluginScriptArgs",
                  self.script_args_converter_fn)

@@ -1,18 +1,27 @@
-"""Which trainer a ``run.Script`` runs, from what its arguments say; the script's name only as a last hint.
+"""Which trainer a ``run.Script`` runs, from what its arguments say; the script's place and name only as hints.
 
 A wrong guess is worse than none: a Megatron-Bridge script given Megatron-LM flags hands them to Hydra,
-which raises ``OverridesError`` on every rank, restart and requeue. So, in order of trust:
+which raises ``OverridesError`` on every rank, restart and requeue (and Hydra overrides crash Megatron-LM's
+or any argparse script the same way). So, in order of trust:
 
 1. Megatron-Bridge launcher flags: ``--config-file`` / ``--config_file`` (its example recipe scripts,
    ``examples/recipes/*/pretrain_*.py``), ``--recipe`` (``scripts/training/run_recipe.py`` and the older
    ``scripts/training/pretrain_gpt.py``) -> Bridge;
-2. Megatron-LM's own flags (``--micro-batch-size``, ``--train-iters``, ... from its argument parser) -> Megatron-LM;
+2. Megatron-LM's own flags (``--micro-batch-size``, ``--train-iters``, ``--yaml-cfg``, ... from its argument
+   parser, all known to megatron-core 0.19.2's) -> Megatron-LM: its ``pretrain_gpt.py`` cannot run without
+   some of them, so they, not its name, identify it;
 3. Hydra-style overrides (``a.b=c``, ``+a.b=c``, ``++a.b=c``, ``~a.b``) -> Bridge;
 4. the script lives in a checkout of either project (a path component ``Megatron-Bridge`` / ``megatron/bridge``,
    or ``Megatron-LM``) -> that project;
-5. the name ``pretrain_*.py`` -> Megatron-LM, but only when no argument contradicts it (every argument is a
-   ``--flag`` or its value);
-6. anything else: not recognised (the plugins add nothing and say what the trainer must do itself).
+5. Bridge's layout: a launcher where Bridge keeps them (``examples/recipes/<family>/{pretrain,finetune}_*.py``,
+   ``scripts/training/`` and ``scripts/performance/``'s ``run_recipe.py``, ``run_script.py``,
+   ``{pretrain,finetune}_*.py``) -> Bridge, whatever the arguments (Bridge's documented basic usage runs
+   ``examples/recipes/llama/pretrain_llama3_8b.py`` with none: its default config file);
+6. the name of one of Bridge's example recipe scripts (``pretrain_llama3_8b.py``, ``pretrain_qwen3_*.py``, ...,
+   started from its own folder), only when no argument but Bridge's own ``--debug`` is given -> Bridge;
+7. anything else, every inline script, and any ``pretrain_*.py`` whose arguments name no trainer (Megatron-LM's
+   and Bridge's scripts share that name): not recognised, the plugins add nothing and say what the trainer must
+   do itself.
 """
 
 from __future__ import annotations
@@ -22,16 +31,29 @@ import re
 from typing import Any
 
 BRIDGE_LAUNCHER_FLAGS = ("--config-file", "--config_file", "--recipe")
-# Flags every Megatron-LM pretraining command line carries (megatron/training/arguments.py).
+# Flags of Megatron-LM's argument parser (megatron/training/arguments.py) that its pretraining command lines carry;
+# each one is known to megatron-core 0.19.2's parser. Bridge's scripts spell theirs in snake_case (--seq_length).
 MEGATRON_LM_FLAGS = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size", "--global-batch-size",
-    "--train-iters", "--train-samples", "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
-    "--max-position-embeddings", "--tokenizer-type", "--data-path", "--enable-ft-package", "--exit-signal-handler",
+    "--train-iters", "--train-samples", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--seq-length", "--max-position-embeddings", "--tokenizer-type", "--tokenizer-model", "--vocab-file",
+    "--merge-file", "--data-path", "--mock-data", "--use-mcore-models", "--transformer-impl", "--yaml-cfg",
+    "--enable-ft-package", "--calc-ft-timeouts", "--exit-signal-handler",
 )
+# Where Megatron-Bridge keeps its launchers (its repository, and so its container's /opt/Megatron-Bridge or
+# /workspace): the example recipe scripts and the training / performance scripts.
+_BRIDGE_LAYOUT = (
+    re.compile(r"(?:^|/)(examples/recipes/)[^/]+/(?:pretrain|finetune)_\w+\.py$"),
+    re.compile(r"(?:^|/)(scripts/(?:training|performance)/)(?:\w+/)?"
+               r"(?:run_recipe|run_script|(?:pretrain|finetune)_\w+)\.py$"),
+)
+# Bridge's example recipe scripts by name (examples/recipes/llama/pretrain_llama3_8b.py, ...), and the one flag they
+# take besides --config-file. Megatron-LM's scripts are pretrain_{gpt,bert,t5,mamba,vlm,...}.py: no overlap.
+_BRIDGE_RECIPE_SCRIPT = re.compile(r"(?:pretrain|finetune)_(?:llama|qwen|nemotron|kimi)\w*\.py")
+BRIDGE_SCRIPT_FLAGS = ("--debug",)
 _HYDRA = re.compile(r"^(\+{0,2}[A-Za-z_]\w*(\.\w+)+=|~[A-Za-z_]\w*(\.\w+)+(=|$))")  # a.b=c, +a.b=c, ~a.b
 _BRIDGE_DIR = re.compile(r"^megatron[-_]?bridge$", re.I)
 _MEGATRON_LM_DIR = re.compile(r"^megatron[-_]?lm$", re.I)
-_PRETRAIN = re.compile(r"pretrain_\w+\.py")
 
 
 def _flag(arg: str) -> str:
@@ -47,17 +69,14 @@ def _checkout(path: str) -> str | None:
     return None
 
 
-def _flags_only(args: list[str]) -> bool:
-    """Every argument is a ``--flag`` (``--flag=value``) or the value after one."""
-    previous_flag = False
-    for arg in args:
-        if arg.startswith("--"):
-            previous_flag = "=" not in arg
-        elif previous_flag:
-            previous_flag = False
-        else:
-            return False
-    return True
+def _bridge_layout(path: str) -> str | None:
+    """The folder of Bridge's layout the script is in (``examples/recipes/``, ...), or None."""
+    normal = path.replace("\\", "/")
+    for pattern in _BRIDGE_LAYOUT:
+        match = pattern.search(normal)
+        if match:
+            return match.group(1)
+    return None
 
 
 def detect_script_trainer(task: Any) -> tuple[str, str] | None:
@@ -79,9 +98,12 @@ def detect_script_trainer(task: Any) -> tuple[str, str] | None:
     if checkout is not None:
         name = "Megatron-Bridge" if checkout == "bridge" else "Megatron-LM"
         return checkout, f"a script of a {name} checkout ({path})"
+    folder = _bridge_layout(path)
+    if folder is not None:
+        return "bridge", f"a launcher in Megatron-Bridge's layout ({folder}: {path})"
     script = os.path.basename(path)
-    if _PRETRAIN.fullmatch(script) and _flags_only(args):
-        return "megatron_lm", f"Megatron-LM command line (script name {script}, no argument says otherwise)"
+    if _BRIDGE_RECIPE_SCRIPT.fullmatch(script) and all(a in BRIDGE_SCRIPT_FLAGS for a in args):
+        return "bridge", f"the name of a Megatron-Bridge example recipe script ({script}), no argument says otherwise"
     return None
 
 
@@ -124,15 +146,22 @@ def _last_int(values: list[str]) -> int | None:
 
 
 def script_run_facts(kind: str, args: list[str]) -> tuple[str | None, str | None, int | None]:
-    """(checkpoint save dir, load dir, train_iters) of a Megatron-LM or Bridge command line (None: not given)."""
+    """(checkpoint save dir, load dir, train_iters) of a Megatron-LM or Bridge command line (None: not given).
+
+    Bridge's launchers (``scripts/training/run_recipe.py``, the example recipe scripts) take these as Hydra
+    overrides (``checkpoint.save=``, ``checkpoint.load=``, ``train.train_iters=``); only its performance scripts
+    (``scripts/performance/run_script.py`` / ``run_recipe.py``) have the flags ``--save_dir``, ``--load_dir`` and
+    ``-ms``/``--max_steps``, and apply them after the overrides, so a flag wins over an override of the same
+    setting (elsewhere the flag would not even parse: Bridge hands it to Hydra).
+    """
     if kind == "megatron_lm":
         return (next(iter(flag_values(args, "--save")), None), next(iter(flag_values(args, "--load")), None),
                 _last_int(flag_values(args, "--train-iters")))
-    save = override_values(args, "checkpoint.save") or flag_values(args, "--save_dir")
-    load = override_values(args, "checkpoint.load") or flag_values(args, "--load_dir")
-    iters = override_values(args, "train.train_iters") or flag_values(args, "--max_steps", "-ms")
+    save = flag_values(args, "--save_dir") or override_values(args, "checkpoint.save")
+    load = flag_values(args, "--load_dir") or override_values(args, "checkpoint.load")
+    iters = flag_values(args, "--max_steps", "-ms") or override_values(args, "train.train_iters")
     return (save[-1] if save else None), (load[-1] if load else None), _last_int(iters)
 
 
-__all__ = ["BRIDGE_LAUNCHER_FLAGS", "MEGATRON_LM_FLAGS", "detect_script_trainer", "flag_values", "flag_values_all",
-           "override_values", "script_run_facts"]
+__all__ = ["BRIDGE_LAUNCHER_FLAGS", "BRIDGE_SCRIPT_FLAGS", "MEGATRON_LM_FLAGS", "detect_script_trainer", "flag_values",
+           "flag_values_all", "override_values", "script_run_facts"]

@@ -80,10 +80,14 @@ def bridge_config_file_task():
 
 
 def bridge_run_recipe_task():
-    """Bridge's current launch flow: scripts/training/run_recipe.py --recipe NAME (a relative path, as in its docs)."""
+    """Bridge's current launch flow: scripts/training/run_recipe.py --recipe NAME (a relative path, as in its docs).
+
+    Its own flags are --recipe --dataset --step_func --peft_scheme --packed_sequence --seq_length --hf_path; the
+    rest goes to Hydra, so the run's length and checkpoint directory are overrides (--max_steps / --save_dir are
+    flags of Bridge's scripts/performance/ scripts only)."""
     return run.Script(path="scripts/training/run_recipe.py", entrypoint="python",
-                      args=["--recipe", "llama32_1b_pretrain_config", "--max_steps", "1000",
-                            "--save_dir", "/lustre/runs/llama/ckpt"])
+                      args=["--recipe", "llama32_1b_pretrain_config", "train.train_iters=1000",
+                            "checkpoint.save=/lustre/runs/llama/ckpt"])
 
 
 def bridge_old_pretrain_gpt_task():

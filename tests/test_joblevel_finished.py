@@ -1,12 +1,12 @@
 """Finished runs of trainers that never touch the finished flag (Megatron-LM, Megatron-Bridge) are not requeued.
 
 Unit level: ``jobs/finished.py``'s rules, bucket by bucket. Script level: the whole rendered sbatch script of
-a Megatron-LM and a Megatron-Bridge ``run.Script`` task (the plugins read ``--save``/``--train-iters`` and
-``--save_dir``/``--max_steps`` into the job-level config), run by bash attempt after attempt as Slurm would,
-its EXIT trap the real ``batch_exit``; ``srun`` is a stub that does what a trainer leaves behind (Megatron's
-``latest_checkpointed_iteration.txt``, its end-of-training line, its exit code) and ``scontrol`` records
-requeues. Before issue 22 every finished attempt under ft_launcher was requeued ("exit 0 without the finished
-flag"). The real-Slurm proof is ``tests/slurm/test_script_tasks_on_slurm.py``.
+a Megatron-LM and a Megatron-Bridge ``run.Script`` task (the plugins read ``--save``/``--train-iters``,
+``checkpoint.save``/``train.train_iters`` and ``--save_dir``/``--max_steps`` into the job-level config), run by
+bash attempt after attempt as Slurm would, its EXIT trap the real ``batch_exit``; ``srun`` is a stub that does
+what a trainer leaves behind (Megatron's ``latest_checkpointed_iteration.txt``, its end-of-training line, its exit
+code) and ``scontrol`` records requeues. Before issue 22 every finished attempt under ft_launcher was requeued
+("exit 0 without the finished flag"). The real-Slurm proof is ``tests/slurm/test_script_tasks_on_slurm.py``.
 """
 
 from __future__ import annotations
@@ -94,10 +94,13 @@ def _task(kind: str, ckpt: str):
     if kind == "megatron_lm":
         return run.Script(path="/opt/megatron-lm/pretrain_gpt.py", entrypoint="python",
                           args=["--micro-batch-size", "4", "--train-iters", str(ITERS), "--save", ckpt])
-    if kind == "bridge_run_recipe":
+    if kind == "bridge_run_recipe":  # Bridge hands what is not its flag to Hydra
         return run.Script(path="scripts/training/run_recipe.py", entrypoint="python",
-                          args=["--recipe", "llama32_1b_pretrain_config", "--max_steps", str(ITERS),
-                                "--save_dir", ckpt])
+                          args=["--recipe", "llama32_1b_pretrain_config", f"train.train_iters={ITERS}",
+                                f"checkpoint.save={ckpt}"])
+    if kind == "bridge_performance":  # Bridge's performance script has flags of its own for both
+        return run.Script(path="scripts/performance/run_script.py", entrypoint="python",
+                          args=["-m", "llama", "-mr", "llama3_8b", "-ng", "2", "-ms", str(ITERS), "--save_dir", ckpt])
     return run.Script(path="/opt/Megatron-Bridge/examples/recipes/llama/pretrain_llama3_8b.py", entrypoint="python",
                       args=["--config-file", "/conf/llama.yaml"])  # train_iters and the save dir are in the YAML
 
@@ -166,9 +169,12 @@ def test_a_crash_after_the_final_checkpoint_is_finished(tmp_path):
     assert _why(records) == [("finished", "checkpoint", "stop")]
 
 
-def test_bridge_run_recipe_reads_max_steps_and_save_dir(tmp_path):
-    attempts, records, _ = run_job(tmp_path, "bridge_run_recipe", "finish")
+@pytest.mark.parametrize("kind", ["bridge_run_recipe", "bridge_performance"])
+def test_bridge_run_reads_train_iters_and_the_checkpoint_dir(tmp_path, kind):
+    """run_recipe.py's Hydra overrides (train.train_iters, checkpoint.save); the performance script's -ms/--save_dir."""
+    attempts, records, _ = run_job(tmp_path, kind, "finish")
     assert attempts == [(0, False)] and _why(records) == [("finished", "checkpoint", "stop")]
+    assert records[0]["classification"]["reason"].startswith("checkpoint at iteration 10 of train_iters=10")
 
 
 def test_bridge_config_file_run_is_finished_by_its_end_of_training_line(tmp_path):

@@ -2,12 +2,13 @@
 
 NeMo's plugins (``nemo/lightning/run/plugins.py``) add ``PreemptionCallback(sig=...)`` and nvidia-resiliency-ext's
 ``FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=<log dir>)`` to ``trainer.callbacks``;
-ours do the same, accept NeMo's ``PreemptionPlugin(callbacks=[...])``, and run ft_launcher in heartbeats mode,
+ours do the same, accept NeMo's ``PreemptionPlugin(callbacks=[...], sig=...)``, and run ft_launcher in heartbeats mode,
 because that callback sends heartbeats only.
 
 NeMo's modules cannot import here (Lightning): the tasks use the stand-ins of ``tests/peer_standins.py``, whose
 signatures are checked against the nemo_toolkit wheel's sources and the installed nvidia-resiliency-ext's
-``FaultToleranceCallback``; what NeMo's plugins add is read from the wheel's ``plugins.py``. The heartbeats
+``FaultToleranceCallback``; what NeMo's plugins add is read from the wheel's ``plugins.py``, and its own
+``_merge_callbacks`` (compiled from that file) merges callbacks next to ours, case by case. The heartbeats
 argument is proven with the real ft_launcher: a worker that sends heartbeats only, as that callback does
 (``RankMonitorClient.send_heartbeat``), is killed under the section timeouts a non-NeMo task gets and runs to the
 end under the heartbeat timeouts the plugin renders for a NeMo task.
@@ -16,6 +17,7 @@ end under the heartbeat timeouts the plugin renders for a NeMo task.
 from __future__ import annotations
 
 import ast
+import copy
 import logging
 import os
 import re
@@ -110,12 +112,123 @@ def test_nemos_callbacks_field_is_accepted_and_merged():
         ("TimingCallback", None), ("PreemptionCallback", signal.SIGINT)]
 
 
-def test_a_callback_already_there_is_kept_not_added_twice():
+# --- callbacks merged as NeMo's own _merge_callbacks merges them ------------------------------------------------
+
+
+def nemos_merge_callbacks():
+    """NeMo's ``_merge_callbacks``, its code as the wheel's ``nemo/lightning/run/plugins.py`` has it. That module
+    imports Lightning, so the function is compiled from its source; only its annotations (Lightning's
+    ``Callback``) are dropped."""
+    peers.ensure()
+    path = peers.NEMO / "nemo/lightning/run/plugins.py"
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_merge_callbacks")
+    for arg in fn.args.args:
+        arg.annotation = None
+    namespace = {"copy": copy, "run": run}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["_merge_callbacks"]
+
+
+def _preemption(sig):
+    return run.Config(ps.PreemptionCallback, sig=int(sig))
+
+
+TERM, USR1 = signal.SIGTERM, signal.SIGUSR1
+MERGES = {  # case: (trainer.callbacks before, callbacks merged in, the result as (class, sig))
+    "none there": (None, [_preemption(TERM)], [("PreemptionCallback", TERM)]),
+    "empty, the same one given twice": ([], [_preemption(TERM), _preemption(TERM)],
+                                        [("PreemptionCallback", TERM), ("PreemptionCallback", TERM)]),
+    "another class there": ([run.Config(ps.TimingCallback)], [_preemption(TERM)],
+                            [("TimingCallback", None), ("PreemptionCallback", TERM)]),
+    "the same class with another signal there": ([_preemption(USR1)], [_preemption(TERM)],
+                                                 [("PreemptionCallback", USR1), ("PreemptionCallback", TERM)]),
+    "the same config there": ([_preemption(TERM)], [_preemption(TERM)], [("PreemptionCallback", TERM)]),
+    "the same one given twice": ([run.Config(ps.TimingCallback)], [_preemption(TERM), _preemption(TERM)],
+                                 [("TimingCallback", None), ("PreemptionCallback", TERM)]),
+}
+
+
+@pytest.mark.parametrize("case", list(MERGES))
+def test_callbacks_are_merged_exactly_as_nemos_own_function_merges_them(case):
+    from megatron_resilience.plugins import partial_trainers
+
+    before, given, expected = MERGES[case]
+    merge = nemos_merge_callbacks()
+    with ps.installed():
+        theirs, ours = nemo_pretrain_task(), nemo_pretrain_task()
+        for task in (theirs, ours):
+            task.trainer.callbacks = copy.deepcopy(before)
+        merge(theirs, callbacks=copy.deepcopy(given))
+        partial_trainers.merge_callbacks(ours.trainer, copy.deepcopy(given), "PreemptionPlugin")
+    assert ours.trainer.callbacks == theirs.trainer.callbacks
+    assert [(c.__fn_or_cls__.__name__, c.sig if "sig" in c.__arguments__ else None)
+            for c in ours.trainer.callbacks] == expected
+
+
+def test_a_preemption_callback_with_another_signal_does_not_stop_nemos_being_added():
+    """Before: one of the same class already there was kept and NeMo's not added; NeMo adds it."""
     with ps.installed():
         task = nemo_pretrain_task()
-        task.trainer.callbacks = [run.Config(ps.PreemptionCallback, sig=int(signal.SIGUSR1))]
+        task.trainer.callbacks = [_preemption(USR1)]
     task, _ = configured([PreemptionPlugin()], task=task)
-    assert [(type(c).__name__, c.sig) for c in built_callbacks(task)] == [("PreemptionCallback", signal.SIGUSR1)]
+    assert [(type(c).__name__, c.sig) for c in built_callbacks(task)] == [
+        ("PreemptionCallback", signal.SIGUSR1), ("PreemptionCallback", signal.SIGTERM)]
+
+
+def test_the_same_callback_already_there_is_not_added_twice(caplog):
+    caplog.set_level(logging.INFO, "megatron_resilience.plugins")
+    with ps.installed():
+        task = nemo_pretrain_task()
+        task.trainer.callbacks = [run.Config(ps.PreemptionCallback, sig=signal.SIGTERM)]
+    task, _ = configured([PreemptionPlugin()], task=task)
+    assert [(type(c).__name__, c.sig) for c in built_callbacks(task)] == [("PreemptionCallback", signal.SIGTERM)]
+    assert ("PreemptionPlugin: task trainer.callbacks already has PreemptionCallback with the same arguments: not "
+            "added again") in [r.getMessage() for r in caplog.records]
+
+
+# --- NeMo's spelling of the signal: PreemptionPlugin(sig=signal.SIGINT) --------------------------------------------
+
+
+def test_nemos_sig_field_is_the_signal(caplog):
+    """NeMo's ``PreemptionPlugin(sig=signal.SIGINT)`` raised a bare TypeError; it is the plugin's ``signal``."""
+    caplog.set_level(logging.INFO, "megatron_resilience.plugins")
+    plugin = PreemptionPlugin(sig=signal.SIGINT)
+    assert (plugin.signal, plugin.sig) == ("SIGINT", None)
+    assert "PreemptionPlugin: sig=SIGINT (NeMo 2.0's name) is signal='SIGINT'" in [
+        r.getMessage() for r in caplog.records]
+    task, executor = configured([plugin])
+    assert executor.signal == "SIGINT@60"
+    assert [(type(c).__name__, getattr(c, "sig", None)) for c in built_callbacks(task)] == [
+        ("TimingCallback", None), ("PreemptionCallback", signal.SIGINT)]
+    with ps.installed():
+        script = preview(nemo_pretrain_task(), slurm(), [FaultTolerancePlugin(), PreemptionPlugin(sig=signal.SIGINT)],
+                         name="gpt")
+    assert "\n#SBATCH --signal=SIGINT@60\n" in script
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"signal": signal.SIGINT}, "SIGINT"),  # a signal.Signals member, as NeMo users write signals
+    ({"sig": 2}, "SIGINT"), ({"sig": "SIGUSR1"}, "SIGUSR1"), ({"sig": signal.SIGINT, "signal": "SIGINT"}, "SIGINT"),
+])
+def test_a_signal_is_taken_by_name_or_as_signals_member(kwargs, expected):
+    assert PreemptionPlugin(**kwargs).signal == expected
+
+
+SIGNALS = "['SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2', 'SIGHUP', 'SIGQUIT', 'SIGALRM', 'SIGCONT']"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sig": signal.SIGINT, "signal": "SIGUSR1"},
+     "PreemptionPlugin.sig: NeMo 2.0's name for PreemptionPlugin.signal; sig='SIGINT' and signal='SIGUSR1' ask for "
+     "two signals: set one of them"),
+    ({"sig": signal.SIGKILL}, f"PreemptionPlugin.sig: must be one of {SIGNALS}, got <Signals.SIGKILL: 9>"),
+    ({"signal": signal.SIGKILL}, f"PreemptionPlugin.signal: must be one of {SIGNALS}, got <Signals.SIGKILL: 9>"),
+    ({"sig": 99}, f"PreemptionPlugin.sig: must be one of {SIGNALS}, got 99"),
+])
+def test_a_signal_the_plugin_cannot_use_is_named(kwargs, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message) + "$"):
+        PreemptionPlugin(**kwargs)
 
 
 def test_callbacks_on_a_task_without_a_lightning_trainer_is_a_clear_error():

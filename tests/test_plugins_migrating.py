@@ -26,7 +26,7 @@ from megatron_resilience.upstream import import_nemo_run
 run = import_nemo_run()
 
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
-from megatron_resilience.plugins.trainer_detect import detect_script_trainer  # noqa: E402
+from megatron_resilience.plugins.trainer_detect import detect_script_trainer, script_run_facts  # noqa: E402
 
 LOGGER = "megatron_resilience.plugins"
 BRIDGE_FT = ["++ft._target_=megatron.bridge.training.config.FaultToleranceConfig", "++ft.enable_ft_package=true",
@@ -72,8 +72,34 @@ def script(path, *args):
     (script("/src/Megatron-LM/pretrain_bert.py", "--foo"), ("megatron_lm", "a script of a Megatron-LM checkout "
                                                                          "(/src/Megatron-LM/pretrain_bert.py)")),
     (script("/w/pretrain_gpt.py", "--yaml-cfg", "/w/gpt.yaml"),
-     ("megatron_lm", "Megatron-LM command line (script name pretrain_gpt.py, no argument says otherwise)")),
-    (script("/w/pretrain_gpt.py", "config.yaml"), None),  # a positional argument: not Megatron-LM's command line
+     ("megatron_lm", "Megatron-LM command line (flags --yaml-cfg)")),
+    # Megatron-LM's own pretrain_gpt.py at the root of its repository: its flags identify it, not its name
+    (script("/workspace/pretrain_gpt.py", "--num-layers", "2", "--hidden-size", "64", "--train-iters", "10"),
+     ("megatron_lm", "Megatron-LM command line (flags --num-layers, --hidden-size, --train-iters)")),
+    # Bridge's layout, with no arguments or only its own --debug (its documented basic usage: the default config)
+    (script("examples/recipes/llama/pretrain_llama3_8b.py"),
+     ("bridge", "a launcher in Megatron-Bridge's layout (examples/recipes/: "
+                "examples/recipes/llama/pretrain_llama3_8b.py)")),
+    (script("/workspace/examples/recipes/llama/pretrain_llama3_8b.py", "--debug"),
+     ("bridge", "a launcher in Megatron-Bridge's layout (examples/recipes/: "
+                "/workspace/examples/recipes/llama/pretrain_llama3_8b.py)")),
+    (script("/workspace/scripts/training/pretrain_gpt.py"),
+     ("bridge", "a launcher in Megatron-Bridge's layout (scripts/training/: "
+                "/workspace/scripts/training/pretrain_gpt.py)")),
+    (script("scripts/performance/run_script.py", "-m", "llama", "-mr", "llama3_8b", "-ng", "8", "-ms", "50"),
+     ("bridge", "a launcher in Megatron-Bridge's layout (scripts/performance/: scripts/performance/run_script.py)")),
+    (script("pretrain_llama3_8b.py"), ("bridge", "the name of a Megatron-Bridge example recipe script "
+                                                 "(pretrain_llama3_8b.py), no argument says otherwise")),
+    (script("pretrain_qwen3_simple.py", "--debug"),
+     ("bridge", "the name of a Megatron-Bridge example recipe script (pretrain_qwen3_simple.py), no argument says "
+                "otherwise")),
+    # nothing says which trainer: not recognised (a pretrain_*.py name alone decides nothing, it is both projects')
+    (script("/w/pretrain_gpt.py"), None),
+    (script("/w/pretrain_gpt.py", "--debug"), None),
+    (script("/w/pretrain_gpt.py", "--my-flag", "1"), None),
+    (script("pretrain_llama3_8b.py", "--my-flag", "1"), None),  # a flag Bridge's example scripts do not have
+    (script("/w/scripts/training/train.py", "--lr", "0.1"), None),  # not one of Bridge's launchers
+    (script("/w/pretrain_gpt.py", "config.yaml"), None),
     (script("/w/train.py", "--lr", "0.1"), None),
     (run.Script(inline="python train.py\n"), None),
 ])
@@ -81,11 +107,33 @@ def test_trainer_is_recognised_from_its_arguments(task, expected):
     assert detect_script_trainer(task) == expected
 
 
+@pytest.mark.parametrize("kind, args, expected", [
+    # Bridge's launchers hand everything but their own flags to Hydra
+    ("bridge", ["--recipe", "r", "train.train_iters=1000", "checkpoint.save=/c", "checkpoint.load=/l"],
+     ("/c", "/l", 1000)),
+    ("bridge", ["++checkpoint.save=/c", "+train.train_iters=7"], ("/c", None, 7)),
+    # Bridge's performance scripts have flags for them, applied after the overrides: a flag wins
+    ("bridge", ["-m", "llama", "-mr", "llama3_8b", "-ms", "50", "--save_dir", "/s", "--load_dir", "/l"],
+     ("/s", "/l", 50)),
+    ("bridge", ["--max_steps=70", "train.train_iters=1000", "checkpoint.save=/c", "--save_dir", "/s"],
+     ("/s", None, 70)),
+    ("bridge", ["--config-file", "/c.yaml"], (None, None, None)),  # in the YAML: unknown here
+    ("megatron_lm", megatron_lm_task().args, ("/lustre/runs/gpt/ckpt", "/lustre/runs/gpt/ckpt", 1000)),
+])
+def test_the_runs_checkpoint_dir_and_length_are_read_from_either_form(kind, args, expected):
+    assert script_run_facts(kind, args) == expected
+
+
 @pytest.mark.parametrize("factory, args", [
     (bridge_config_file_task, ["--config-file", "/lustre/conf/llama3_8b.yaml", *BRIDGE_FT, *BRIDGE_EXIT]),
-    (bridge_run_recipe_task, ["--recipe", "llama32_1b_pretrain_config", "--max_steps", "1000", "--save_dir",
-                              "/lustre/runs/llama/ckpt", *BRIDGE_FT, *BRIDGE_EXIT]),
+    (bridge_run_recipe_task, ["--recipe", "llama32_1b_pretrain_config", "train.train_iters=1000",
+                              "checkpoint.save=/lustre/runs/llama/ckpt", *BRIDGE_FT, *BRIDGE_EXIT]),
     (bridge_old_pretrain_gpt_task, ["--recipe", "llama3_8b_pretrain_config", *BRIDGE_FT, *BRIDGE_EXIT]),
+    # Bridge's basic usage (no arguments: its default config file) and the old script without --recipe
+    (lambda: script("examples/recipes/llama/pretrain_llama3_8b.py"), [*BRIDGE_FT, *BRIDGE_EXIT]),
+    (lambda: script("/workspace/examples/recipes/llama/pretrain_llama3_8b.py", "--debug"),
+     ["--debug", *BRIDGE_FT, *BRIDGE_EXIT]),
+    (lambda: script("/workspace/scripts/training/pretrain_gpt.py"), [*BRIDGE_FT, *BRIDGE_EXIT]),
     (megatron_lm_own_flags_task, [*megatron_lm_task().args, "--enable-ft-package", "--exit-signal-handler",
                                   "--calc-ft-timeouts"]),
 ])
@@ -104,10 +152,11 @@ def test_bridge_launcher_gets_no_megatron_lm_flag_on_any_attempt(caplog):
             "Megatron-Bridge launcher flags (--config-file))") in [r.getMessage() for r in caplog.records]
 
 
-def test_an_unknown_script_gets_no_arguments_and_one_warning_per_plugin(caplog):
+@pytest.mark.parametrize("args", [[], ["--debug"], ["config.yaml"]])
+def test_an_unknown_script_gets_no_arguments_and_one_warning_per_plugin(caplog, args):
     caplog.set_level(logging.INFO, LOGGER)
-    task, _ = configured(script("/w/pretrain_gpt.py", "config.yaml"))
-    assert task.args == ["config.yaml"]
+    task, _ = configured(script("/w/pretrain_gpt.py", *args))
+    assert task.args == args
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("pass script_args_converter_fn" in w for w in warnings)
 

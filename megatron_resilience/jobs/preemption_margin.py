@@ -13,15 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.slurm_signal import parse_slurm_signal
+
 SAVED = ("saved", "already saved", "not needed")
 
 
 def preempt_time_of(signal_setting: str | None) -> int | None:
-    """``SIGTERM@60`` (``#SBATCH --signal``, ``B:`` allowed) -> 60; None when not set or not parseable."""
-    if not signal_setting or "@" not in str(signal_setting):
+    """``SIGTERM@60`` (``#SBATCH --signal``, ``B:``/``R:`` allowed) -> 60, and ``TERM`` -> 60: without ``@<time>``
+    Slurm sends the signal 60 s before the limit (``sbatch(1)``), so that is the margin the job asked for; read
+    as Slurm reads it (``config/slurm_signal.py``). None when not set or not a value Slurm would accept."""
+    if signal_setting is None or signal_setting == "":
         return None
-    seconds = str(signal_setting).rsplit("@", 1)[1]
-    return int(seconds) if seconds.isdigit() else None
+    try:
+        return parse_slurm_signal(signal_setting).seconds
+    except ConfigError:
+        return None
 
 
 def measure(stop_reason: dict[str, Any] | None, records: list[dict[str, Any]], *, exit_time: float,

@@ -173,7 +173,7 @@ echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} X" >> "$JOB_RESULTS_FILE"
 
 # Command 1
 
-srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-id <random> --nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 scripts/training/run_recipe.py --recipe llama32_1b_pretrain_config --max_steps 1000 --save_dir /lustre/runs/llama/ckpt ++ft._target_=megatron.bridge.training.config.FaultToleranceConfig ++ft.enable_ft_package=true ++ft.calc_ft_timeouts=true train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False
+srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-id <random> --nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 scripts/training/run_recipe.py --recipe llama32_1b_pretrain_config train.train_iters=1000 checkpoint.save=/lustre/runs/llama/ckpt ++ft._target_=megatron.bridge.training.config.FaultToleranceConfig ++ft.enable_ft_package=true ++ft.calc_ft_timeouts=true train.exit_signal_handler=True train.exit_signal_handler_for_dataloader=False
 
 exitcode=$?
 
