@@ -150,6 +150,26 @@ CASES = {
         "first_failed_task_step.log", "first_failed_task_batch.log", exit_code=1, nodes=NIDS[:3],
         expect={"error_type": "nccl_timeout", "source": "log", "hosts": ["nid003"]},
         decisions=("requeue", "requeue", "x:nid003", "stop", "requeue")),
+    "ib_errors_about_an_unmapped_peer_blame_no_reporter": case(  # the Xid case without its Xid line: nid001 and
+        "ib_peer_unmapped.log", exit_code=1, nodes=NIDS[:3],       # nid003 report peer 10.31.0.12 (IPoIB), which
+        node_info={"nid001": {**UP, "addr": "10.30.0.11"}, "nid002": {**UP, "addr": "10.30.0.12"},  # no NodeAddr is
+                   "nid003": {**UP, "addr": "10.30.0.13"}},                                           # the healthy
+        expect={"error_type": "nccl_error", "source": "log", "hosts": [],                             # reporters stay
+                "attribution": "no node blamed: nid001,nid003 reported an error about a remote peer "
+                               "(10.31.0.12<48211>, 10.31.0.12<48390>) that is no node of this attempt"},
+        decisions=("requeue", "requeue", "requeue", "stop", "requeue")),
+    "killed_rank_on_the_second_node_is_killed_not_its_peers_symptom": case(  # 2 nodes x 1 rank: nid002's rank
+        "killed_rank_multinode_step.log", exit_code=1, nodes=NIDS[:2],         # (local_rank 0) SIGKILLed, rank 0's
+        expect={"error_type": "killed", "source": "launcher", "signal": "SIGKILL", "hosts": ["nid002"],  # gloo
+                "reason": "local rank 0 on nid002 was killed by SIGKILL (the launcher's report, exit code -9); "
+                          "rank(s) 0 lost contact with another rank (communication_error: a consequence, "
+                          "1 line(s))"},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "first_failure_host_names_the_node_excluded": case(  # 3 nodes x 2 ranks: rank 2 (nid002, local_rank 0) hit a
+        "first_failure_host_multinode_step.log", exit_code=1, nodes=NIDS[:3],  # CUDA error; ranks 0 and 4 timed out
+        expect={"error_type": "cuda_error", "source": "log", "hosts": ["nid002"],  # waiting for it
+                "attribution": "nid002: first_failure (strongest of 4 host mention(s))"},
+        decisions=("requeue", "stop", "x:nid002", "stop", "requeue")),
     "ib_error_names_the_remote_peer_by_address": case(  # node-2 reports; the peer 10.2.0.5 is node-1
         "ib_peer_named.log", exit_code=1, nodes=("node-1", "node-2"),
         node_info={"node-1": {**UP, "addr": "10.2.0.5"}, "node-2": {**UP, "addr": "10.2.0.4"}},
@@ -173,10 +193,10 @@ CASES = {
         expect={"error_type": "nccl_timeout", "source": "log", "signal": "SIGABRT",
                 "fields": {"op": "_ALLGATHER_BASE", "timeout_ms": "600000"}},
         decisions=("requeue", "requeue", "x:node-01", "stop", "requeue")),
-    "nccl_error_ib": case(
+    "nccl_error_ib": case(  # nid004017 reports its IB peer 10.128.9.41, which no NodeAddr maps: nobody blamed
         "nccl_error_ib.log", exit_code=1, nodes=("nid004017", "nid004018"),
-        expect={"error_type": "nccl_error", "source": "log", "hosts": ["nid004017"]},
-        decisions=("requeue", "requeue", "x:nid004017", "stop", "requeue")),
+        expect={"error_type": "nccl_error", "source": "log", "hosts": []},
+        decisions=("requeue", "requeue", "requeue", "stop", "requeue")),
     "hang_ft_section": case(
         "hang_ft_section.log", exit_code=1,
         expect={"error_type": "hang", "source": "log", "signal": "SIGKILL",

@@ -24,10 +24,10 @@ from test_joblevel_corpus import CASES, encode, lay_out
 from megatron_resilience.config import ConfigError
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
-from megatron_resilience.jobs.jobconfig import JobLevelConfig
+from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.jobs.monitors import load_monitors
 from megatron_resilience.jobs.policies import load_policy
-from megatron_resilience.jobs.watch_cli import with_policy
+from megatron_resilience.jobs.watch_cli import main as watch_main
 
 HERE = os.path.join(os.path.dirname(__file__), "joblevel_foreign")
 PAIRS = {  # foreign (policy, monitors) -> the native equivalent
@@ -71,12 +71,32 @@ def cli_settings(policy: str | None, monitors: str) -> dict:
     return {k: cfg[k] for k in ("policy", "monitors", "monitor_only", "inactivity_threshold")}
 
 
+def watched(cfg: JobLevelConfig, tmp_path, *args: str) -> tuple[JobLevelConfig, int]:
+    """The config the watcher's ``main`` (this process) would watch with for a run submitted with ``cfg``, given
+    ``args`` (``--policy``/``--monitors``), and its exit code; the watching itself is replaced."""
+    from unittest import mock
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "gpt_job_level.json"
+    config.write_text(cfg.to_json())
+    used: list[JobLevelConfig] = []
+    with mock.patch("megatron_resilience.jobs.watch_cli.watch", lambda c, **_: used.append(c) or 0):
+        code = watch_main(["--config", str(config), "--job-id", "1", "--once", *args])
+    return (used[0] if used else None), code
+
+
+def job(tmp_path, **fields) -> JobLevelConfig:
+    return JobLevelConfig(job_name="gpt", job_dir=str(tmp_path), ledger=str(tmp_path / "job_ledger.jsonl"),
+                          finished_flag=str(tmp_path / "f"), **fields)
+
+
 def watcher_settings(policy: str, monitors: str, tmp_path) -> dict:
     """A run submitted with a preset policy, watched with --policy/--monitors."""
-    base = JobLevelConfig(job_name="gpt", job_dir=str(tmp_path), ledger=str(tmp_path / "l.jsonl"),
-                          finished_flag=str(tmp_path / "f"), policy=load_policy("default").to_dict())
-    cfg = with_policy(base, policy, [monitors])
-    return {"policy": cfg.policy, "monitors": cfg.monitors, "monitor_only": cfg.monitor_only}
+    cfg, code = watched(job(tmp_path, policy=load_policy("default").to_dict()), tmp_path,
+                        "--policy", policy, "--monitors", monitors)
+    assert code == 0
+    return {"policy": cfg.policy, "monitors": cfg.monitors, "monitor_only": cfg.monitor_only,
+            "inactivity_threshold": cfg.inactivity_threshold}
 
 
 @pytest.mark.parametrize("pair", sorted(PAIRS))
@@ -90,6 +110,7 @@ def test_foreign_files_decide_the_corpus_like_their_native_equivalent_in_every_i
         got = corpus_decisions(tmp_path / interface, settings)
         differ = {k: (got[k], expected[k]) for k in expected if got[k] != expected[k]}
         assert not differ, f"{interface}: {differ}"
+        assert settings["inactivity_threshold"] == 1200.0, interface  # the monitoring file's, in every interface
     # the corpus exercises what tells the policies apart
     kinds = {d for _, d in expected.values()}
     assert {"stop", "requeue", "free"} <= kinds, expected
@@ -197,6 +218,56 @@ def test_bad_foreign_files_fail_naming_the_file_and_the_key(tmp_path, text, mess
     with pytest.raises(ConfigError) as err:
         load_monitors([str(file)]) if "SlurmLogMonitor" in text else load_policy(str(file))
     assert str(err.value).startswith(f"{file}: {message}"), str(err.value)
+
+
+# --- the watcher's --policy / --monitors against what the job was submitted with ---------------------------------
+
+def watch_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("megatron_resilience watch: ")
+            and ": policies[" not in line]  # the translation notes of a foreign policy file: tested above
+
+
+def test_watcher_policy_alone_keeps_the_monitors_the_job_was_submitted_with(tmp_path, capsys):
+    """--policy FILE: the job's own monitors (its files, inlined at submission), not the policy's default set."""
+    own = resolve(None, [path("production_native.yaml")])[1]
+    assert any(isinstance(m, dict) for m in own)  # inlined: the user's file is not needed any more
+    cfg, code = watched(job(tmp_path, policy=load_policy("default").to_dict(), monitors=own,
+                            inactivity_threshold=600.0), tmp_path, "--policy", path("transient_policy.yaml"))
+    assert code == 0
+    assert (cfg.policy, cfg.monitors, cfg.inactivity_threshold, cfg.monitor_only) == (
+        load_policy(path("transient_policy.yaml")).to_dict(), own, 600.0, False)
+    assert watch_lines(capsys) == [
+        f"megatron_resilience watch: deciding with policy transient_policy (--policy {path('transient_policy.yaml')}) "
+        f"and monitors {len(own)} from the job's own files (the job's own)"]
+
+
+def test_watcher_monitors_alone_take_the_foreign_files_inactivity_threshold(tmp_path, capsys):
+    """--monitors <the log-monitoring tool's file>: its monitors, and its inactivity_threshold_seconds."""
+    cfg, code = watched(job(tmp_path, policy=load_policy("default").to_dict()), tmp_path,
+                        "--monitors", path("production_monitoring.yaml"))
+    assert code == 0
+    assert (cfg.policy, cfg.monitors, cfg.inactivity_threshold, cfg.monitor_only) == (
+        load_policy("default").to_dict(), resolve(None, [path("production_monitoring.yaml")])[1], 1200.0, False)
+    assert watch_lines(capsys) == [
+        "megatron_resilience watch: deciding with policy default (the job's own) and monitors "
+        f"{path('production_monitoring.yaml')} (--monitors)",
+        "megatron_resilience watch: inactivity threshold 1200 s (inactivity_threshold_seconds of --monitors), "
+        "instead of none"]
+
+
+def test_watcher_monitors_of_a_monitor_only_job_stay_monitor_only(tmp_path, capsys):
+    """A monitor-only job (policy=None) watched with that tool's monitoring file: still never acts; the file's
+    inactivity threshold replaces the one the job was submitted with."""
+    cfg, code = watched(job(tmp_path, monitor_only=True, inactivity_threshold=300.0), tmp_path,
+                        "--monitors", path("production_monitoring.yaml"))
+    assert code == 0
+    assert (cfg.policy, cfg.monitor_only, cfg.inactivity_threshold) == (None, True, 1200.0)
+    assert cfg.monitors == resolve(None, [path("production_monitoring.yaml")])[1]
+    assert watch_lines(capsys) == [
+        "megatron_resilience watch: deciding with policy none (monitor-only) (the job's own) and monitors "
+        f"{path('production_monitoring.yaml')} (--monitors)",
+        "megatron_resilience watch: inactivity threshold 1200 s (inactivity_threshold_seconds of --monitors), "
+        "instead of 300 s"]
 
 
 # --- monitor-only ---------------------------------------------------------------------------------------------

@@ -285,6 +285,24 @@ def test_a_watcher_for_a_job_cancelled_while_pending_gives_up(fake, capsys):
     assert "job 77 ended (CANCELLED) before its first attempt started: nothing to watch" in capsys.readouterr().out
 
 
+def test_a_watcher_for_a_job_slurm_never_knew_gives_up(fake, capsys):
+    """A mistyped job id: neither scontrol nor sacct knows it; the watcher stops after UNKNOWN_POLLS polls."""
+    from megatron_resilience.jobs.watch_cli import UNKNOWN_POLLS, main
+
+    cfg, ledger, set_state, calls = fake
+    os.remove(ledger.path)
+    set_state()  # no job, no accounting records
+    started = time.monotonic()
+    assert main([cfg.run_dir, "--job-id", "78", "--interval", "0.05"]) == 2
+    assert time.monotonic() - started >= (UNKNOWN_POLLS - 1) * 0.05
+    assert capsys.readouterr().out.splitlines() == [
+        "megatron_resilience watch: waiting for the run's first attempt: job 78 is not known to Slurm yet (polling "
+        "every 0.05 s)",
+        f"megatron_resilience watch: job 78 is not known to Slurm (scontrol, sacct) after {UNKNOWN_POLLS} polls "
+        "0.05 s apart: giving up (is the job id right, and is this the cluster it was submitted to?)"]
+    assert calls() == [] and not os.path.exists(ledger.path)
+
+
 def test_monitor_only_watcher_records_what_the_job_could_not_and_never_acts(fake):
     """A node failure Slurm requeued by itself, then the batch shell lost: recorded (classified), nothing done."""
     import dataclasses

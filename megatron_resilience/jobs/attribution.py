@@ -26,11 +26,13 @@ Monitors name hosts through named groups: ``failed_node`` (role ``failed``), ``p
 and ``host`` (its role from the line: hardware, first failure, stalled rank, else reporter). A host
 that is an IP address is mapped to the node with that ``NodeAddr`` when exactly one node has it.
 
-The suspects are the attempt's nodes at the highest strength present. A ``batch_host`` alone never
-makes a suspect of a node of a multi-node attempt (it names the batch host, not the failure), and
-evidence that names no node blames nothing — unless the attempt ran on one node, which is then the
-suspect (role ``only_node``). Every mention is kept (host, node, role, line, source) for the ledger
-and the report's per-node table.
+The suspects are the attempt's nodes at the highest strength present. On a multi-node attempt two
+readings never make a suspect: a ``batch_host`` (it names the batch host, not the failure), and the
+reporter of an error about a remote peer (``<host>:... NCCL WARN NET/IB : Got completion from peer
+<addr>``: the reporter is the healthy end that noticed; when the peer maps to no node of the attempt,
+nothing is blamed). Evidence that names no node blames nothing — unless the attempt ran on one node,
+which is then the suspect (role ``only_node``). Every mention is kept (host, node, role, line,
+source) for the ledger and the report's per-node table.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Mention:
     role: str
     line: str
     source: str
+    about_peer: bool = False  # a reporter of an error about its remote peer (never the suspect on many nodes)
 
     @property
     def strength(self) -> int:
@@ -115,8 +118,10 @@ def to_node(host: str, nodes: list[str], addresses: dict[str, str]) -> str | Non
 def mentions(signals: list[Signal], nodes: list[str], addresses: dict[str, str] | None = None) -> list[Mention]:
     """Every host named by the signals, in order, with its role."""
     addresses = addresses or {}
-    root = first_failure(signals)
+    root = first_failure(signals, nodes)  # its host: the launcher's line, or srun's label on the node list
     srun_first = next((s for s in signals if s.monitor == "srun_task_failed"), None)
+    # a line about a remote peer, whichever monitor read it (a generic NCCL WARN monitor matches it too)
+    peer_lines = {s.line for s in signals if s.fields.get("peer")}
     out: list[Mention] = []
     if root is not None and root.host:
         out.append(Mention(host=root.host, node=to_node(root.host, nodes, addresses), role="first_failure",
@@ -125,12 +130,12 @@ def mentions(signals: list[Signal], nodes: list[str], addresses: dict[str, str] 
         for group in ("failed_node", "host", "peer", "batch_host"):
             for host in expand_hostlist(s.fields.get(group) or "") if group == "failed_node" else [s.fields.get(group)]:
                 if host:
-                    out.append(_mention(s, group, host, root, srun_first, nodes, addresses))
+                    out.append(_mention(s, group, host, root, srun_first, nodes, addresses, peer_lines))
     return out
 
 
 def _mention(s: Signal, group: str, host: str, root: RootCause | None, srun_first: Signal | None,
-             nodes: list[str], addresses: dict[str, str]) -> Mention:
+             nodes: list[str], addresses: dict[str, str], peer_lines: set[str]) -> Mention:
     if group == "failed_node":
         role = "failed"
     elif group in ("peer", "batch_host"):
@@ -143,12 +148,15 @@ def _mention(s: Signal, group: str, host: str, root: RootCause | None, srun_firs
         role = "stalled_rank"
     else:
         role = "reporter"
-    return Mention(host=host, node=to_node(host, nodes, addresses), role=role, line=s.line, source=s.source)
+    return Mention(host=host, node=to_node(host, nodes, addresses), role=role, line=s.line, source=s.source,
+                   about_peer=role == "reporter" and s.line in peer_lines)
 
 
 def suspects(found: list[Mention], nodes: list[str]) -> tuple[list[str], str]:
     """The attempt's nodes the strongest evidence blames, and why (one line)."""
-    usable = [m for m in found if m.node is not None and (m.role != "batch_host" or len(nodes) == 1)]
+    several = len(nodes) > 1
+    usable = [m for m in found if m.node is not None
+              and not (several and (m.role == "batch_host" or m.about_peer))]
     if usable:
         top = max(m.strength for m in usable)
         blamed = list(dict.fromkeys(m.node for m in usable if m.strength == top))
@@ -156,6 +164,11 @@ def suspects(found: list[Mention], nodes: list[str]) -> tuple[list[str], str]:
         return blamed, f"{','.join(blamed)}: {'/'.join(roles)} (strongest of {len(found)} host mention(s))"
     if len(nodes) == 1:
         return [nodes[0]], f"{nodes[0]}: the attempt's only node (no line names a node)"
+    reporters = list(dict.fromkeys(m.node for m in found if m.about_peer and m.node))
+    if reporters:
+        peers = list(dict.fromkeys(m.host for m in found if m.role == "peer")) or ["unnamed"]
+        return [], (f"no node blamed: {','.join(reporters)} reported an error about a remote peer "
+                    f"({', '.join(peers)}) that is no node of this attempt")
     named = sorted({m.host for m in found})
     return [], (f"no node blamed: the evidence names {', '.join(named)} only as "
                 f"{'/'.join(sorted({m.role for m in found}))}" if named else

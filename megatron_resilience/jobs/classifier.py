@@ -38,6 +38,10 @@ class AttemptEvidence:
     slurm_state: str | None = None  # scontrol/sacct JobState, e.g. RUNNING, CANCELLED, NODE_FAIL
     signals: list[Signal] = field(default_factory=list)  # from logs, metrics, cycle info (in order)
     no_restart_exit_code: int = taxonomy.NVRX_NO_RESTART_EXIT_CODE
+    # The attempt's node list and training ranks per node, where known: they turn the launcher's local rank into
+    # the global rank of ``[rankN]:`` lines on a multi-node attempt (jobs/root_cause.py).
+    nodes: list[str] = field(default_factory=list)
+    ranks_per_node: int | None = None
 
 
 @dataclass
@@ -167,7 +171,8 @@ def classify(evidence: AttemptEvidence) -> Classification:
         return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
                      signals=_of(sigs, state_type), signal=ended_by)
 
-    root = first_failure(sigs)  # the launcher's first failed rank: its peers' communication errors follow from it
+    # the launcher's first failed rank: its peers' communication errors follow from it
+    root = first_failure(sigs, evidence.nodes, evidence.ranks_per_node)
     for severity in ("fatal", "error"):
         # a cancel line was weighed above against Slurm's record; "killed" lines only name the signal
         deciding = [s for s in sigs if s.severity == severity and s.error_type not in ("killed", "user_cancel")]
@@ -181,7 +186,8 @@ def classify(evidence: AttemptEvidence) -> Classification:
                 return _make("preempted", source, f"the trainer received {signal} and was stopping to checkpoint "
                              f"(after step {chosen[0].fields.get('step')}); the attempt ended before it finished",
                              severity=severity, signals=chosen, signal=signal)
-            extra = _of(sigs, best.error_type)
+            # the same type's other lines, but not the peers' symptoms of the root cause (they lost contact with it)
+            extra = [s for s in _of(sigs, best.error_type) if root is None or s not in root.consequences]
             return _make(best.error_type, source, f"{taxonomy.BY_NAME[best.error_type].meaning} "
                          f"({len(chosen)} line(s), monitor {best.monitor})", severity=severity,
                          signals=chosen + [s for s in extra if s not in chosen], signal=ended_by)
@@ -200,9 +206,9 @@ def _first_failure(root: RootCause, ended_by: str | None) -> Classification:
     where = f" on {root.host}" if root.host else ""
     if root.killed_by is not None:
         signal = signal_name(root.killed_by) or f"signal {root.killed_by}"
-        return _make("killed", "launcher", f"rank {root.rank}{where} was killed by {signal} (the launcher's "
+        return _make("killed", "launcher", f"{root.label}{where} was killed by {signal} (the launcher's "
                      f"report, exit code {root.exit_code}); {root.peers_line()}",
                      signals=[root.signal, *root.consequences], signal=signal)
-    return _make("unknown", "launcher", f"rank {root.rank}{where} exited with code {root.exit_code} first (the "
+    return _make("unknown", "launcher", f"{root.label}{where} exited with code {root.exit_code} first (the "
                  f"launcher's report) and no line of its own explains it; {root.peers_line()}",
                  severity="error", signals=[root.signal, *root.consequences], signal=ended_by)

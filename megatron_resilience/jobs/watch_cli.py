@@ -6,7 +6,8 @@
 The config is the one the batch script wrote (its path is in the ledger's ``attempt_start``
 records). Started with ``--job-id`` while that job is still pending (no attempt has started, so no
 config exists yet), the watcher waits for the first attempt, saying what the job waits for (Slurm's
-pending reason), and gives up only when the job ended without ever starting.
+pending reason), and gives up when the job ended without ever starting, or when Slurm does not know the job
+id at all (``UNKNOWN_POLLS`` polls in a row).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from dataclasses import replace
 
 from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.jobs import slurm
-from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
+from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve, watcher_settings
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.jobs.policies import load_policy
 from megatron_resilience.jobs.watcher import log, watch
+
+# Polls in a row on which Slurm does not know the job before the watcher stops waiting for its first attempt.
+UNKNOWN_POLLS = 10
 
 
 def find_config(run_dir: str) -> str | None:
@@ -32,9 +36,16 @@ def find_config(run_dir: str) -> str | None:
     return paths[-1] if paths else None
 
 
-def wait_for_first_attempt(run_dir: str, job_id: str, *, interval: float, once: bool) -> tuple[str | None, int]:
-    """Wait until the run's first attempt wrote its config (the job was pending); (config, 0) or (None, exit code)."""
+def wait_for_first_attempt(run_dir: str, job_id: str, *, interval: float, once: bool,
+                           unknown_polls: int = UNKNOWN_POLLS) -> tuple[str | None, int]:
+    """Wait until the run's first attempt wrote its config (the job was pending); (config, 0) or (None, exit code).
+
+    A job Slurm does not know (neither ``scontrol`` nor ``sacct``) for ``unknown_polls`` polls in a row is given
+    up (exit 2): a mistyped id would otherwise be waited for forever. ``sbatch`` returns once slurmctld holds the
+    job, so a real job is known at the first poll; the bound only leaves room for a slurmctld that is restarting.
+    """
     said = None
+    unknown = 0
     while True:
         config = find_config(run_dir)
         if config:
@@ -46,6 +57,11 @@ def wait_for_first_attempt(run_dir: str, job_id: str, *, interval: float, once: 
                 continue
             log(f"job {job_id} ended ({state['state']}) before its first attempt started: nothing to watch")
             return None, 1
+        unknown = 0 if state.get("state") else unknown + 1
+        if unknown >= unknown_polls:
+            log(f"job {job_id} is not known to Slurm (scontrol, sacct) after {unknown} polls {interval:g} s apart: "
+                "giving up (is the job id right, and is this the cluster it was submitted to?)")
+            return None, 2
         what = (f"job {job_id} is {state.get('state') or 'not known to Slurm yet'}"
                 + (f" ({state['reason']})" if state.get("reason") not in (None, "", "None") else ""))
         if what != said:
@@ -91,13 +107,31 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def with_policy(cfg: JobLevelConfig, policy: str | None, monitors: list[str] | None) -> JobLevelConfig:
-    """The run's config deciding with another policy/monitors, checked and translated as at submit time."""
+    """The run's config deciding with another policy/monitors, checked and translated as at submit time.
+
+    ``--policy`` alone keeps the monitors the job was submitted with (inlined in its config: the user's own files
+    as they were checked then), not the policy file's default set. ``--monitors`` replaces them; a foreign
+    monitoring file's ``inactivity_threshold_seconds`` then becomes the watcher's inactivity threshold, as the
+    translation says (the files given now replace what the job was submitted with)."""
     loaded = load_policy(policy) if policy else cfg.load_policy()
     for note in (loaded.notes + loaded.warnings) if policy and loaded else ():
         log(f"{loaded.source}: {note}")
-    specs = resolve(policy, monitors)[1] if policy else (resolve(None, monitors)[1] if monitors else cfg.monitors)
+    specs = resolve(None, monitors)[1] if monitors else cfg.monitors
+    threshold = watcher_settings(None, monitors).get("inactivity_threshold") if monitors else None
     data = loaded.to_dict() if loaded else None
+    own = " (the job's own)"
     log(f"deciding with policy {loaded.name if loaded else 'none (monitor-only)'}"
-        f"{' (--policy ' + policy + ')' if policy else ''} and monitors {monitors or cfg.monitors}, instead of what "
-        "the job was submitted with")
-    return replace(cfg, policy=data, monitors=specs, monitor_only=cfg.monitor_only and not policy)
+        f"{f' (--policy {policy})' if policy else own} and monitors "
+        f"{' '.join(monitors) + ' (--monitors)' if monitors else _described(cfg.monitors) + own}")
+    if threshold is not None:
+        was = f"{cfg.inactivity_threshold:g} s" if cfg.inactivity_threshold is not None else "none"
+        log(f"inactivity threshold {threshold:g} s (inactivity_threshold_seconds of --monitors), instead of {was}")
+    return replace(cfg, policy=data, monitors=specs, monitor_only=cfg.monitor_only and not policy,
+                   inactivity_threshold=threshold if threshold is not None else cfg.inactivity_threshold)
+
+
+def _described(specs: list) -> str:
+    """Monitor specs in one short phrase: preset names, and how many came inlined from the user's own files."""
+    names = [m for m in specs if isinstance(m, str)]
+    inline = len(specs) - len(names)
+    return ", ".join(names + ([f"{inline} from the job's own files"] if inline else [])) or "none"
