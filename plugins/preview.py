@@ -57,7 +57,7 @@ def _prepared(task: Any, executor: Any, plugins: Iterable[Any], name: str, tmp: 
         plugin = copy.deepcopy(plugin)
         plugin.assign(experiment_id)
         plugin.setup(job_task, job_executor)
-    check_task(job_task, job_executor)  # what the plugins check in run.run, also when there are none
+    check_task(job_task, job_executor, plugins=list(plugins))  # what run.run checks, also with no plugins
     return job_task, job_executor
 
 

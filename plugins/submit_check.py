@@ -77,7 +77,7 @@ def check_submission(task: Any, executor: Any, plugins: Any = None) -> list[Any]
     """Everything checkable before nemo_run clones and submits: plugins, the task's callable, config, job size."""
     plugins = check_plugins(plugins)
     check_callable(task)
-    check_task(task, executor)
+    check_task(task, executor, plugins=plugins)
     return plugins
 
 

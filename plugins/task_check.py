@@ -18,7 +18,13 @@ What it checks:
 * the executor: a Slurm account that is not empty and a time limit Slurm accepts (a ``MM:SS`` limit
   is logged, since ``01:30`` is 90 seconds to Slurm);
 * paths, when this machine sees the job's filesystem (a ``LocalExecutor``, or Slurm through a
-  ``LocalTunnel``): run and checkpoint folders writable, data prefixes present.
+  ``LocalTunnel``): run and checkpoint folders writable, data prefixes present;
+* given the job's plugins (``run.run``/``Experiment.add`` before they run, ``preview()`` and the CLI after):
+  ``inprocess.enabled`` on a SlurmExecutor without a ``FaultTolerancePlugin`` is refused. Only that plugin
+  makes srun keep the ranks the in-process wrapper keeps alive (nemo_run renders ``--kill-on-bad-exit=1``) and
+  sets the wrapper's environment (``plugins/inprocess_restart.py``); without it every fault the wrapper would
+  recover in seconds ends the job step, and nothing says why. A plugin's own ``setup`` does not know the
+  other plugins of the job and passes none.
 """
 
 from __future__ import annotations
@@ -131,9 +137,26 @@ def check_executor(executor: Any) -> None:
         log.warning("%s", note)
 
 
-def check_task(task: Any, executor: Any = None) -> PretrainConfig | None:
+def check_inprocess_setup(config: PretrainConfig, executor: Any, plugins: list[Any]) -> None:
+    """In-process restart on Slurm needs ``FaultTolerancePlugin`` among the job's ``plugins`` (why: module doc).
+    Any FaultTolerancePlugin sets it up for a task with ``inprocess.enabled`` (its ``inprocess_restart=True``
+    sets that key itself). Refused rather than warned: as submitted, it cannot work."""
+    from megatron_resilience.plugins.fault_tolerance import FaultTolerancePlugin
+
+    if not config.inprocess.enabled or not isinstance(executor, import_nemo_run().SlurmExecutor):
+        return
+    if any(isinstance(p, FaultTolerancePlugin) for p in plugins):
+        return
+    raise ConfigError("inprocess.enabled: true on a SlurmExecutor needs FaultTolerancePlugin(inprocess_restart=True) "
+                      "among the job's plugins (without it srun keeps nemo_run's --kill-on-bad-exit=1, which kills the "
+                      "ranks the in-process wrapper keeps alive, and the wrapper's environment is not set), got "
+                      f"plugins {[type(p).__name__ for p in plugins]}")
+
+
+def check_task(task: Any, executor: Any = None, *, plugins: list[Any] | None = None) -> PretrainConfig | None:
     """Validate ``task`` (and, given one, ``executor``) before submission; ConfigError names the key.
 
+    ``plugins``: the job's plugins, before or after they ran (None: not known here, as in a plugin's ``setup``).
     Returns the task's config, or None for a task that does not run megatron_resilience's trainer.
     """
     config, unchecked = task_config(task)
@@ -147,4 +170,6 @@ def check_task(task: Any, executor: Any = None) -> PretrainConfig | None:
         config.validate_world_size(executor_world_size(executor))
         if sees_job_filesystem(executor):
             check_paths(config, skip=unchecked)
+        if plugins is not None:
+            check_inprocess_setup(config, executor, plugins)
     return config

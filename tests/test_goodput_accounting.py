@@ -231,6 +231,59 @@ def test_in_process_restarts_are_their_own_bucket():
     assert acc.badput["restart_process"] == 0
 
 
+def test_in_process_restarts_in_two_processes_are_each_charged_from_their_own_record():
+    """Iterations count from 1 again in every process: after a process restart, the second process's in-process
+    restart writes ``iteration: 1`` too. Each record belongs to the restart it follows (by time, within the cycle).
+    Cycles count every start (``local_window``'s endings): cycle 1, process 0's second call, ended in the kill."""
+    def restarted(iteration, fault, detected, t, cause):
+        return {"kind": "inprocess_restart", "iteration": iteration, "fault_time": T0 + fault,
+                "detected_time": T0 + detected, "began_time": T0 + detected + 0.2, "cause": cause,
+                "restored_from": {"tier": "memory", "step": 5}, "time": T0 + t}
+
+    records = [
+        start(3, process_start=1, marks={"imports": 2, "checkpoint_load": 2.5}),
+        *steps(1, 5, at=4, every=1, step_time=0.5),
+        restarted(1, 8.3, 8.6, 8.9, "exception on rank 1"),
+        start(9.8, step=5, resumed_from=5, process_start=1, inprocess=1,
+              marks={"imports": 2, "entered": 9.0, "checkpoint_load": 9.6}),
+        *steps(6, 8, at=10.8, every=1, step_time=0.5),
+        # the process dies after step 8 (12.8); ft_launcher's new process starts at 16
+        start(20, step=8, resumed_from=8, process_start=16, in_job=1, inprocess=0,
+              marks={"imports": 18, "checkpoint_load": 19}),
+        *steps(9, 12, at=21, every=1, step_time=0.5),
+        restarted(1, 24.2, 24.7, 24.9, "soft_timeout on ranks 0,1"),
+        start(25.8, step=12, resumed_from=12, process_start=16, in_job=1, inprocess=1,
+              marks={"imports": 18, "entered": 25.0, "checkpoint_load": 25.6}),
+        *steps(13, 15, at=26.8, every=1, step_time=0.5),
+        {"kind": "end", "step": 15, "reason": "finished", "exit_code": 0, "time": T0 + 29.0},
+    ]
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 30, cycle_endings={1: "killed"})], records)
+    assert_tiles(acc)
+    assert acc.productive == pytest.approx(15 * 0.5)  # every step once
+    assert buckets(acc) == approx({
+        # launch 0-1, 1-2 imports, 2.5-3; 9.6-9.8; new process 16-18, 19-20; 25.6-25.8
+        "startup": 2.5 + 0.2 + 3.0 + 0.2,
+        "checkpoint_restore": 0.5 + 0.6 + 1.0 + 0.6,  # 2-2.5; 'entered' 9.0-9.6; 18-19; 'entered' 25.0-25.6
+        "wasted_progress": 0.3 + 0.2,  # last step record -> fault: 8.0-8.3, 24.0-24.2
+        "failure_detection": 0.3 + 0.5,  # fault -> detected: 8.3-8.6, 24.2-24.7
+        "restart_inprocess": 0.4 + 0.3,  # detected -> the iteration's first mark: 8.6-9.0, 24.7-25.0
+        "restart_process": 3.2,  # the last sign of life (12.8) -> the new process (16)
+        "other": 30 - 7.5 - 5.9 - 2.7 - 0.5 - 0.8 - 0.7 - 3.2,
+    })
+    assert [(i.kind, i.cause, i.fault_source, round(i.fault_time - T0, 6), round(i.detected - T0, 6))
+            for i in acc.interruptions] == [("inprocess", "exception on rank 1", "trainer", 8.3, 8.6),
+                                            ("process", "killed", "last sign of life", 12.8, 12.8),
+                                            ("inprocess", "soft_timeout on ranks 0,1", "trainer", 24.2, 24.7)]
+    first, process, second = acc.interruptions
+    # each: its fault (or last sign of life) -> the first new productive step (10.3, 20.5, 26.3)
+    assert first.cost == approx({"wasted_progress": 0.3, "failure_detection": 0.3, "restart_inprocess": 0.4,
+                                 "checkpoint_restore": 0.6, "startup": 0.2, "other": 0.5})
+    assert process.cost == approx({"restart_process": 3.2, "startup": 3.0, "checkpoint_restore": 1.0, "other": 0.5})
+    assert second.cost == approx({"wasted_progress": 0.2, "failure_detection": 0.5, "restart_inprocess": 0.3,
+                                  "checkpoint_restore": 0.6, "startup": 0.2, "other": 0.5})
+    assert [i.resumed - T0 for i in acc.interruptions] == pytest.approx([10.3, 20.5, 26.3])
+
+
 def test_a_run_without_records_of_its_own_is_all_startup_or_failed_start():
     acc = account([AttemptWindow(index=0, start=T0, end=T0 + 10, ending="node_fail", failure=True),
                    AttemptWindow(index=1, start=T0 + 15, end=T0 + 20, ending="running", running=True)], [])

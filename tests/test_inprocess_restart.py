@@ -9,7 +9,8 @@ in the same process), each in-process restart has its ``inprocess_restart`` reco
 1. an exception on rank 1 restarts in-process from the in-memory copy; then rank 0 is SIGKILLed (a dead process):
    ft_launcher restarts the processes, which resume from the node-local tier;
 2. a rank that stops making progress (alive, responsive) is interrupted by the soft timeout, in-process;
-3. a NaN in one rank's weights: the rerun state machine's NaN check raises, in-process restart;
+3. a NaN in one rank's weights: the rerun state machine's NaN check raises, in-process restart; with
+   ``rerun.rerun_mode=validate_results`` the same NaN ends in exit 16 instead, which goes to a process restart;
 4. a hang the wrapper cannot abort (SIGSTOP): the hard timeout terminates the rank, ft_launcher restarts;
 5. a fault on every call: the in-process budget runs out, the processes restart, their budget runs out, the
    launcher exits non-zero (no loop);
@@ -85,6 +86,12 @@ def _nan(root):
     return run_to_end(run_dir, base(run_dir) + fault("nan", 0, 7), max_restarts=0, timeout=WAIT)
 
 
+def _nan_validated(root):
+    run_dir = root / "nan_validated"  # short: both processes end at the suspicious step 3
+    return run_to_end(run_dir, base(run_dir) + fault("nan", 0, 3) + ["rerun.rerun_mode=validate_results"],
+                      max_restarts=1, timeout=WAIT)
+
+
 def _hung(root):
     run_dir = root / "hung"
     return run_to_end(run_dir, base(run_dir, soft_timeout=20, hard_timeout=40) + fault("rank_hung", 1, 7),
@@ -119,7 +126,7 @@ def _lost_node(root):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("inprocess")
     jobs = {"reference": _reference, "exception_killed": _exception_then_killed, "stalled": _stalled, "nan": _nan,
-            "hung": _hung, "budget": _budget, "lost_node": _lost_node}
+            "nan_validated": _nan_validated, "hung": _hung, "budget": _budget, "lost_node": _lost_node}
     pool = ThreadPoolExecutor(max_workers=len(jobs))
     futures = {name: pool.submit(fn, root) for name, fn in jobs.items()}
     yield futures
@@ -226,6 +233,36 @@ def test_a_nan_rejected_by_the_rerun_state_machine_restarts_in_process(runs):
                             ("start", 0, 1, 6, "memory")]
     assert _restart_record(run)["cause"] == "exception on rank 0"
     _assert_exact(run, ref)
+
+
+def test_a_nan_the_rerun_state_machine_validates_exits_16_to_a_process_restart_not_in_process(runs):
+    """``rerun.rerun_mode=validate_results``: the NaN step is re-run in place, NaN again, saved with the diagnosis,
+    and the run exits 16 (re-run the step on other hardware), which an in-process restart cannot give: the wrapper
+    returns the code instead of restarting, ft_launcher restarts the processes, and they resume from the persistent
+    checkpoint that carries the diagnosis (the local copy of its step is discarded). The new processes run on the
+    same node, so Megatron-Core asks again (16) and the launcher's budget (one restart) hands over to the job level."""
+    ref, run = _get(runs, "reference"), _get(runs, "nan_validated")
+    log = run.log()
+    assert run.returncode != 0, log[-3000:]
+    assert "nan on rank 0" in log and "Unexpected result nan on rank 0" in log
+    assert _ladder(run) == [("start", 0, 0, None, None), ("start", 1, 0, 2, "persistent")]
+    assert "falling through to a process restart" not in log  # exit 16 is the function's result, not a fault
+    assert log.count("rerun state machine: exiting with code 16 at step 3") == 2
+    first = log.index("failed (exitcode: 16)")
+    assert "1/1 attempts left; will restart worker group" in log[first:], log[-3000:]
+    assert ("checkpoint: local checkpoints of step 2 and later discarded (the persistent checkpoint of step 2 carries "
+            "the rerun state machine's diagnosis)") in log
+    assert ("checkpoint: resuming from the persistent checkpoint of step 2 (the newest; found: memory none, local "
+            "none, persistent step 2)") in log[first:]
+    assert ("checkpoint: rerun state machine restored (state WILL_RERUN_FROM_CHECKPOINT, iteration 2, mode "
+            "VALIDATE_RESULTS)") in log[first:]
+    records = run.records()
+    assert [(r["step"], r["tier"], r["reason"]) for r in records if r["kind"] == "checkpoint"] == [
+        (2, "local", "interval"), (2, "persistent", "rerun state machine, exit code 16")]
+    ends = [(r["step"], r["reason"], r["exit_code"]) for r in records if r["kind"] == "end"]
+    assert ends == [(2, "rerun:16", 16)] * 2
+    assert run.stop_reason()["exit_code"] == 16 and not run.flag.exists()  # 16: the job level requeues
+    _assert_exact(run, ref, steps=2)
 
 
 def test_a_hang_the_wrapper_cannot_abort_ends_in_the_hard_timeout_and_a_process_restart(runs):

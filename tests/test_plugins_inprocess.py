@@ -168,6 +168,35 @@ def test_executor_settings_that_would_undo_it_are_refused(tmp_path, executor_kw,
     assert str(err.value).startswith(message), str(err.value)
 
 
+INPROCESS_WITHOUT_FT = (
+    "inprocess.enabled: true on a SlurmExecutor needs FaultTolerancePlugin(inprocess_restart=True) among the job's "
+    "plugins (without it srun keeps nemo_run's --kill-on-bad-exit=1, which kills the ranks the in-process wrapper "
+    "keeps alive, and the wrapper's environment is not set), got plugins {}")
+
+
+def test_inprocess_restart_on_slurm_without_the_ft_plugin_is_refused_given_the_jobs_plugins(tmp_path):
+    """check_task(..., plugins=...): the job's plugins before they run (run.run's check) or after (preview's).
+    A plugin's own setup does not know the others (plugins=None): no verdict there."""
+    from megatron_resilience.plugins import PreemptionPlugin
+    from megatron_resilience.plugins.task_check import check_task
+
+    task = run.Partial(pretrain, run_dir="/r", inprocess=run.Config(InProcessConfig, enabled=True))
+    for plugins in ([], [PreemptionPlugin()]):
+        with pytest.raises(ConfigError) as err:
+            check_task(task, slurm(tmp_path), plugins=plugins)
+        assert str(err.value) == INPROCESS_WITHOUT_FT.format([type(p).__name__ for p in plugins])
+    preemption_first = [PreemptionPlugin(), FaultTolerancePlugin()]  # any FaultTolerancePlugin sets it up
+    assert check_task(task, slurm(tmp_path), plugins=preemption_first).inprocess.enabled is True
+    assert check_task(task, slurm(tmp_path)) is not None  # a plugin's setup: the other plugins are not known
+    local = run.LocalExecutor(ntasks_per_node=2)  # no srun: nothing to keep alive
+    assert check_task(task, local, plugins=[]).inprocess.enabled is True
+    assert check_task(run.Partial(pretrain, run_dir="/r"), slurm(tmp_path), plugins=[]) is not None
+    executor = slurm(tmp_path)  # after the FT plugin ran: set up, and the same check passes
+    FaultTolerancePlugin().setup(task, executor)
+    assert check_task(task, executor, plugins=[FaultTolerancePlugin()]) is not None
+    assert executor.srun_args == ["--kill-on-bad-exit=0"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"inprocess_restart": "yes"}, "FaultTolerancePlugin.inprocess_restart: must be true or false, got 'yes'"),
     ({"local_checkpoint_dir": "local", "local_checkpoint_interval": 5},

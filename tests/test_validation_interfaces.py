@@ -269,3 +269,25 @@ def test_script_task_in_module_form_is_checked(home, tmp):
                       args=[f"run_dir={tmp}/run", "checkpoint.save=/proc/ckpt"])
     with pytest.raises(ConfigError, match=r"^checkpoint.save: must be a writable directory, got '/proc/ckpt'"):
         preview(task, slurm_executor(home), [])
+
+
+INPROCESS_WITHOUT_FT = (
+    "inprocess.enabled: true on a SlurmExecutor needs FaultTolerancePlugin(inprocess_restart=True) among the job's "
+    "plugins (without it srun keeps nemo_run's --kill-on-bad-exit=1, which kills the ranks the in-process wrapper "
+    "keeps alive, and the wrapper's environment is not set), got plugins {}")
+
+
+def test_inprocess_restart_on_slurm_needs_the_ft_plugin_in_every_interface(home, tmp):
+    """``inprocess.enabled=true`` without FaultTolerancePlugin: preview(), run.run (plugins or not) and the CLI refuse
+    it before anything is rendered; with the plugin, srun keeps the survivors (``--kill-on-bad-exit=0``)."""
+    task = python_task(tmp, ["inprocess.enabled=true"])
+    assert_python_rejects(home, task, {}, lambda: [PreemptionPlugin()],
+                          INPROCESS_WITHOUT_FT.format(["PreemptionPlugin"]))
+    with pytest.raises(ConfigError) as err:
+        run.run(task, executor=slurm_executor(home), dryrun=True)
+    assert str(err.value) == INPROCESS_WITHOUT_FT.format([])
+    assert "--kill-on-bad-exit=0" in preview(task, slurm_executor(home), [PreemptionPlugin(), FaultTolerancePlugin()])
+    assert_cli_rejects(cli_slurm(tmp, "inprocess.enabled=true", plugins="preemption"),
+                       INPROCESS_WITHOUT_FT.format(["PreemptionPlugin"]))
+    code, out, err = cli_slurm(tmp, "inprocess.enabled=true", plugins="resilience")
+    assert code == 0 and "--kill-on-bad-exit=0" in out, err[-2000:]

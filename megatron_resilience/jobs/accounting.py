@@ -188,8 +188,17 @@ def _injection_in(injections: list[dict[str, Any]], begin: float, end: float) ->
     return found[-1] if found else None
 
 
+def _inprocess_record(inprocess: list[dict[str, Any]], c: _Cycle, nxt: _Cycle) -> dict[str, Any] | None:
+    """The ``inprocess_restart`` record of the restart from ``c`` to ``nxt``: its iteration, written by ``nxt``
+    between ``c``'s start and ``nxt``'s. Iterations count from 1 again in every process of a run (after a
+    process restart or a requeue), so the number alone would charge one restart with another's times."""
+    found = [r for r in inprocess if int(r.get("iteration") or 0) == nxt.inprocess and
+             _t(c.start) <= _t(r) <= _t(nxt.start)]
+    return found[-1] if found else None
+
+
 def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict[str, Any]],
-             inprocess: dict[int, dict[str, Any]], acc: Accounting, done: list[int]) -> list[Span]:
+             inprocess: list[dict[str, Any]], acc: Accounting, done: list[int]) -> list[Span]:
     cycles = _cycles(mine)
     items: list[tuple] = []
     segments: list[tuple[float, float, float, float, int]] = []
@@ -227,7 +236,7 @@ def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict
         nxt = cycles[c.index + 1] if c.index + 1 < len(cycles) else None
         if nxt is not None:
             kind = "inprocess" if nxt.inprocess > c.inprocess else "process"
-            rec = inprocess.get(nxt.inprocess) if kind == "inprocess" else None
+            rec = _inprocess_record(inprocess, c, nxt) if kind == "inprocess" else None
             cause = w.cycle_endings.get(c.index) or (rec or {}).get("cause") or "unknown"
             boundary = _own_start(nxt, c.last_alive) if kind == "process" else None
             floor = _fault(w, c, kind, cause, injections, rec, boundary, nxt, acc, items)
@@ -303,7 +312,7 @@ def account(windows: list[AttemptWindow], records: list[dict[str, Any]],
     acc = Accounting()
     injections = sorted(injections or [], key=_t)
     records = sorted((r for r in records if r.get("time") is not None), key=_t)
-    inprocess = {int(r.get("iteration") or 0): r for r in records if r.get("kind") == "inprocess_restart"}
+    inprocess = [r for r in records if r.get("kind") == "inprocess_restart"]
     done = [0]  # the highest step run so far (a step run again is wasted progress)
     previous_end = None
     for w in sorted(windows, key=lambda w: w.start):

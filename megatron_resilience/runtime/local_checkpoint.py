@@ -16,7 +16,9 @@ a local step counts when every rank's part exists on some rank (its own or a rep
 step when every rank holds it. On equal steps the cheaper tier wins (memory, local, persistent); a local
 checkpoint older than the persistent one is ignored. A persistent checkpoint saved while the rerun state
 machine diagnoses a step carries that diagnosis: it supersedes the other tiers' checkpoints of its step and
-later ones (they are discarded). Rank 0 logs which tier and step it chose and why.
+later ones (they are discarded). Rank 0 logs which tier and step it chose and why. Then every rank removes
+its unfinished local saves (a ``.dirty`` file left by a save cut off mid-write would make every later save of
+that step fail) and its local parts of steps after the one resumed, and logs what it removed.
 """
 
 from __future__ import annotations
@@ -141,6 +143,17 @@ class LocalTier:
         if int(loaded["step"]) != step:
             raise RuntimeError(f"checkpoint: the {tier} checkpoint holds step {loaded['step']}, expected {step}")
 
+    def forget_after(self, step: int) -> None:
+        """After a (re)start resumed ``step``: drop this rank's unfinished saves and its files and memory copy of
+        later steps (see ``nvrx_local.forget_after``); the next save of those steps would fail or mix timelines."""
+        removed = self.manager.forget_after(step)
+        held = _MEMORY.get(self.session)
+        if held is not None and held[0] > step:
+            del _MEMORY[self.session]
+        if removed:
+            log.info("checkpoint: rank %d removed local files of saves cut off mid-write or newer than the step "
+                     "resumed (%d): %s", _rank(), step, ", ".join(os.path.basename(p) for p in removed))
+
     def discard_from(self, step: int) -> None:
         """Drop this rank's local files and memory copy of ``step`` and later (superseded by a persistent one)."""
         removed = self.manager.discard_from(step)
@@ -245,7 +258,9 @@ class TieredCheckpoints:
         choice = choose_tier(steps)
         if choice is None:
             self.resumed_from = {"tier": None, "step": None}
-            return self.persistent.load_latest(state)  # nothing anywhere: its "starting from step 0" line
+            resumed = self.persistent.load_latest(state)  # nothing anywhere: its "starting from step 0" line
+            self.local.forget_after(state.step)
+            return resumed
         tier, newest, why = choice
         if _rank() == 0:
             log.info("checkpoint: resuming from the %s checkpoint of step %d (%s)", tier, newest, why)
@@ -266,6 +281,7 @@ class TieredCheckpoints:
             elif self.persistent.interval is not None:  # young_daly: the restart's decision, as the tier would
                 self.persistent.interval.after_restart(state.step)
         self.resumed_from = {"tier": tier if resumed else None, "step": newest if resumed else None}
+        self.local.forget_after(state.step)
         self.persistent.last_load_seconds = time.perf_counter() - start
         if _rank() == 0 and tier != "persistent":
             log.info("checkpoint: resumed from the %s checkpoint (step %d, consumed_samples %d) in %.3f s", tier,

@@ -12,7 +12,12 @@ async local saves are CUDA-only). What we adapt, without copying its code:
   default is 30 minutes: a rank blocked there during an in-process restart is freed only by the hard timeout,
   which kills it): we create the same cliques (upstream's ``parse_group_sequence``) with the run's timeout;
 - **retention**: upstream keeps only the newest local checkpoint; ``checkpoint.local_keep_last_n`` keeps N,
-  and a checkpoint superseded by a persistent one of the same or a later step can be discarded.
+  and a checkpoint superseded by a persistent one of the same or a later step can be discarded;
+- **a save cut off mid-write** (a rank killed, or aborted by an in-process restart, inside ``torch.save``) leaves
+  its ``.dirty`` file behind, and upstream opens that name in exclusive-create mode: every later save of that
+  step raises ``SameMachineReplicationException`` (in-process restart, process restart, requeue onto the same
+  disk alike). Upstream removes it only when the failed save itself reaches its finalize step, which a cut-off
+  save never does. ``forget_after`` removes it (and parts newer than the step resumed) on every (re)start.
 
 Imports torch and nvidia_resiliency_ext lazily (this package must import without them).
 """
@@ -121,6 +126,19 @@ def local_checkpoint_manager(root: str, session_id: str, *, keep_last_n: int, st
             removed = []
             for saved, path in self.files():
                 if saved >= step:
+                    path.unlink(missing_ok=True)
+                    removed.append(str(path))
+            self.latest_iteration = -1
+            return removed
+
+        def forget_after(self, step: int) -> list[str]:
+            """Delete this rank's unfinished (``.dirty``) files of any step and its files of steps after ``step``
+            (the step resumed): a save cut off mid-write blocks every later save of its step, and a part newer
+            than the resumed step belongs to a future this run abandoned (it could complete a later save's
+            partial set with the wrong timeline's data, and upstream asserts every save is newer than it)."""
+            removed = []
+            for saved, path in self.files():
+                if saved > step or ".dirty" in path.name:
                     path.unlink(missing_ok=True)
                     removed.append(str(path))
             self.latest_iteration = -1
