@@ -56,7 +56,8 @@ NEWEST := .venv-newest
 NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py tests/test_checkpoint_resume.py \
 	tests/test_checkpoint_preemption.py tests/test_preemption_units.py tests/test_rerun_resume.py \
 	tests/test_resilience_units.py tests/test_resilience_faults.py tests/test_runtime_parallel.py tests/test_runtime_units.py \
-	tests/test_plugins_golden.py tests/test_elastic_reshard.py tests/test_inprocess_units.py tests/test_inprocess_restart.py
+	tests/test_plugins_golden.py tests/test_elastic_reshard.py tests/test_inprocess_units.py tests/test_local_checkpoint_units.py \
+	tests/test_inprocess_restart.py
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)
