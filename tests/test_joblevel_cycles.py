@@ -61,11 +61,10 @@ def check(cfg: JobLevelConfig, ledger: Ledger, logs: list[str]) -> None:
     assert [p for p in record["log_files"] if "ft_cycle_logs" in p] == logs
 
 
-def test_cycles_from_files_in_nvrx_format(tmp_path):
-    cfg, ledger, job_dir = job_layout(tmp_path)
+def write_cycles(job_dir: str, cycles: list[tuple[str, str, str]]) -> list[str]:
+    """Per-cycle logs (corpus files) and cycle-info files as nvidia-resiliency-ext 0.7 writes them."""
     logs = []
-    for cycle, (start, end, log) in enumerate([("2026-11-23T05:13:23Z", "2026-11-23T05:20:01Z", "nccl_timeout.log"),
-                                               ("2026-11-23T05:20:30Z", "2026-11-23T05:31:10Z", "cuda_oom.log")]):
+    for cycle, (start, end, log) in enumerate(cycles):
         path = os.path.join(job_dir, "ft_cycle_logs", f"cycle_cycle{cycle}.log")
         shutil.copy(os.path.join(CORPUS, log), path)
         logs.append(path)
@@ -74,6 +73,13 @@ def test_cycles_from_files_in_nvrx_format(tmp_path):
                        "active_nodes": "nid001", "generation": "1", "attempt_index": 0, "cycle_number": cycle,
                        "standby_nodes": "", "active_ranks": ""}, f, indent=2)
     os.symlink(f"cycle_info.77.0.{cycle}", os.path.join(job_dir, "ft_cycle_info", "cycle_info.77.current"))
+    return logs
+
+
+def test_cycles_from_files_in_nvrx_format(tmp_path):
+    cfg, ledger, job_dir = job_layout(tmp_path)
+    logs = write_cycles(job_dir, [("2026-11-23T05:13:23Z", "2026-11-23T05:20:01Z", "nccl_timeout.log"),
+                                  ("2026-11-23T05:20:30Z", "2026-11-23T05:31:10Z", "cuda_oom.log")])
     check(cfg, ledger, logs)
 
 
@@ -88,3 +94,31 @@ def test_cycles_from_nvrx_own_writer(tmp_path):
     for path, log in zip(logs, ("nccl_timeout.log", "cuda_oom.log")):
         shutil.copy(os.path.join(CORPUS, log), path)
     check(cfg, ledger, logs)
+
+
+def test_in_process_restarts_are_cycles_of_their_own_and_each_launcher_cycle_keeps_its_cause(tmp_path):
+    """Two launcher cycles (ft_launcher restarted the workers once, after an NCCL timeout), each with an in-process
+    restart inside it: four trainer cycles. The in-process ones say so and leave the cause to their own record;
+    the process restart's cause is read from launcher cycle 0's log, not from whichever log has the same index."""
+    cfg, ledger, job_dir = job_layout(tmp_path)
+    write_cycles(job_dir, [("2026-11-23T05:13:23Z", "2026-11-23T05:20:01Z", "nccl_timeout.log"),
+                           ("2026-11-23T05:20:30Z", "2026-11-23T05:31:10Z", "cuda_oom.log")])
+    starts = [(0, 0, 10.0), (0, 1, 20.0), (1, 0, 30.0), (1, 1, 40.0)]  # (in_job_restart, inprocess_restart, time)
+    with open(cfg.metrics, "w") as f:
+        for k, (job_restart, inprocess, t) in enumerate(starts):
+            if inprocess:
+                f.write(json.dumps({"kind": "inprocess_restart", "time": t - 1, "iteration": inprocess,
+                                    "cause": "exception on rank 1"}) + "\n")
+            attempt = {"job_id": "77", "slurm_restart": 0, "in_job_restart": job_restart,
+                       "inprocess_restart": inprocess}
+            f.write(json.dumps({"kind": "start", "time": t, "step": 2 * k, "resumed_from": 2 * k,
+                                "attempt": attempt}) + "\n")
+            f.write(json.dumps({"kind": "train", "time": t + 5, "step": 2 * k + 1, "loss": 1.0}) + "\n")
+    record = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=1, slurm_state="RUNNING", by="batch",
+                         cluster_info=Cluster(nodes=["nid001", "nid002"])).record
+    endings = [(c["cycle"], (c.get("ended") or {}).get("inprocess"), (c.get("ended") or {}).get("error_type"))
+               for c in record["cycles"]]
+    assert endings == [(0, True, None), (1, None, "nccl_timeout"), (2, True, None), (3, None, None)], endings
+    assert [c["in_job_restart"] for c in record["cycles"]] == [0, 0, 1, 1]
+    assert [c["cycle_info"]["cycle_start_time"] for c in record["cycles"]] == [  # each launcher cycle's own
+        "2026-11-23T05:13:23Z", "2026-11-23T05:13:23Z", "2026-11-23T05:20:30Z", "2026-11-23T05:20:30Z"]

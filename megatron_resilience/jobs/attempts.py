@@ -163,25 +163,35 @@ def _cycle_ends(mine: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
 
 def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig,
             mine: list[dict[str, Any]] = (), nodes: list[str] = ()) -> list[dict[str, Any]]:
-    """One entry per in-job (ft_launcher/torchrun) cycle: how it ended (earlier cycles) and where it resumed.
+    """One entry per in-job cycle: how it ended (earlier cycles) and where it resumed.
 
-    An earlier cycle's ending is classified from its logs and, when the trainer wrote one, its ``end`` record
-    (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted it).
-    A failure names the node(s) its lines blame (``hosts``), by the attempt's rules: the report's per-node table
-    counts it, though no job-level decision followed it."""
+    A cycle is a (re)start of the training function: the launcher's (ft_launcher/torchrun restarting the worker
+    group: a new ``restart_count`` in its log) and, with in-process restart, the wrapper's (a new call in the same
+    processes: the trainer's ``start`` record says which, ``attempt.inprocess_restart``; the launcher's log knows
+    nothing of it). An earlier cycle's ending is classified from its launcher cycle's logs and, when the trainer
+    wrote one, its ``end`` record (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere,
+    and ft_launcher restarted it); one an in-process restart ended says so (``ended.inprocess``) and leaves the
+    cause to that restart's own record. A failure names the node(s) its lines blame (``hosts``), by the
+    attempt's rules: the report's per-node table counts it, though no job-level decision followed it."""
     ends = _cycle_ends(list(mine))
-    count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1)
+    launcher_of = _launcher_cycles(mine, len(progress["cycles"]))
+    count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1) if launcher_of is None \
+        else len(progress["cycles"])
     out = []
     for k in range(count):
         entry: dict[str, Any] = {"cycle": k}
         if k < len(progress["cycles"]):
             entry.update(progress["cycles"][k])
-        if k < len(files.cycle_info):
-            info = files.cycle_info[k]
+        at = k if launcher_of is None else launcher_of[k]  # this cycle's launcher cycle
+        if at < len(files.cycle_info):
+            info = files.cycle_info[at]
             entry.update({"cycle_info": {key: info.get(key) for key in (
                 "cycle_number", "cycle_start_time", "cycle_end_time", "active_nodes", "cycle_log_file")}})
-        if k < len(files.cycles) - 1:  # an earlier cycle ended in an in-job restart: why?
-            sigs = files.cycles[k]
+        if launcher_of is not None and k + 1 < count and launcher_of[k + 1] == at:
+            entry["ended"] = {"inprocess": True, "reason": "in-process restart (its cause: the inprocess_restart "
+                                                             "record)", "evidence": []}
+        elif at < len(files.cycles) - 1:  # an earlier launcher cycle ended in an in-job restart: why?
+            sigs = files.cycles[at]
             end = ends[k] if k < len(ends) else None
             c = classify(AttemptEvidence(exit_code=None, signals=sigs, no_restart_exit_code=cfg.no_restart_exit_code,
                                          stop_reason=end if end and str(end.get("reason", "")).startswith("rerun:")
@@ -192,3 +202,16 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
                 entry["ended"]["hosts"] = c.hosts
         out.append(entry)
     return out
+
+
+def _launcher_cycles(mine: list[dict[str, Any]], count: int) -> list[int] | None:
+    """For each trainer cycle, the index of the launcher cycle it ran in, when in-process restarts make the two
+    differ (None: they are the same, one trainer start per launcher cycle): the launcher's restart count, which
+    starts at 0 in every Slurm attempt as the cycles split from its log do."""
+    starts = [r.get("attempt") if isinstance(r.get("attempt"), dict) else {} for r in mine if r.get("kind") == "start"]
+    if len(starts) != count or not any(int(a.get("inprocess_restart") or 0) for a in starts):
+        return None
+    counts = [a.get("in_job_restart") for a in starts]
+    if not all(isinstance(n, int) for n in counts):
+        return None
+    return counts

@@ -130,9 +130,12 @@ def _ledger_rows(attempts: list[dict[str, Any]], windows: list[AttemptWindow],
             ("RUNNING" if w.running else "?")
         for k, cycle in enumerate(cycles):
             last = k == len(cycles) - 1
+            inprocess = bool((cycle.get("ended") or {}).get("inprocess"))
             why = (f"{cls.get('error_type')} ({cls.get('source')})" if last and cls else
+                   "in-process restart" if inprocess else
                    (cycle.get("ended") or {}).get("error_type", "in-job restart") if not last else "running")
-            what = _decision_text(decision) if last and decision else ("in-job restart" if not last else "-")
+            what = (_decision_text(decision) if last and decision else
+                    ("in-process restart" if inprocess else "in-job restart") if not last else "-")
             first, lst = cycle.get("resumed_from"), cycle.get("last_step", a.get("last_step") if last else None)
             ws, tps = stats[k] if k < len(stats) else (None, None)
             rows.append(Row(attempt=w.index, cycle=k, job_id=w.job_id, restart=w.restart, nodes=",".join(w.nodes),
