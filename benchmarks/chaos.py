@@ -1,6 +1,7 @@
 """Goodput under a realistic failure stream: a chaos run per variant, each compared with Daly's E* for its own C, R, M.
 
     python benchmarks/chaos.py [--variants off] [--intervals young_daly,short,long] [--mtbf 60s] [--seed 27]
+                               [--clock training|allocation]
                                [--max-count 10] [--steps 1600] [--out DIR] [--json PATH]
 
 Each run is the real trainer submitted through NeMo-Run's ``SlurmExecutor`` to the repo's multi-node Slurm
@@ -159,7 +160,8 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
     ledger = Ledger(os.path.join(run_dir, "job_ledger.jsonl"))
     logs = {k: open(os.path.join(args.out, f"{name}.{k}.log"), "w") for k in ("watch", "chaos")}
     chaos = subprocess.Popen([sys.executable, "-m", "megatron_resilience.chaos", run_dir, "--job-id", job,
-                              "--mtbf", str(args.mtbf), "--mix", args.mix, "--seed", str(args.seed),
+                              "--mtbf", str(args.mtbf), "--clock", args.clock, "--mix", args.mix,
+                              "--seed", str(args.seed),
                               "--max-count", str(args.max_count), "--max-time", str(args.job_minutes * 60),
                               "--repair", str(args.repair)], env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT)
     started = time.monotonic()
@@ -210,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=27)
     p.add_argument("--max-count", type=int, default=10)
     p.add_argument("--mix", default="llama3_local_cluster")
-    p.add_argument("--mtbf", type=duration, default=60.0, help="mean training time between faults")
+    p.add_argument("--mtbf", type=duration, default=60.0, help="mean time between faults, on --clock")
+    p.add_argument("--clock", default="training", choices=("training", "allocation"),
+                   help="the chaos stream's clock: training time, or allocated time (Daly's assumption)")
     p.add_argument("--steps", type=int, default=1600)
     p.add_argument("--step-delay", type=float, default=0.1, help="extra compute per step on rank 0 (s): per-step "
                    "overhead (logging, FT sections) small beside the step, as on a GPU")

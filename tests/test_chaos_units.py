@@ -139,3 +139,65 @@ def test_nemo_megatron_resilience_chaos_is_the_same_command(tmp_path):
     assert not code
     faults = [json.loads(line)["fault"] for line in out.getvalue().splitlines() if line.startswith("{")]
     assert faults == [p.fault for p in plan(load_mix("llama3"), seed=7, mtbf=60, count=3)]
+
+
+# --- the loop, with the cluster's commands replaced (tests/slurm/test_chaos_on_slurm.py runs it for real) --------
+
+class FakeJob:
+    """What the loop asks Slurm and the injector, scripted: the job's state per poll, each injection's outcome."""
+
+    def __init__(self, states: list[str], outcomes: list[dict]):
+        self.states, self.outcomes, self.calls = list(states), list(outcomes), []
+
+    def job_nodes(self, job):
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return state, 0, ["n1"] if state == "RUNNING" else []
+
+    def inject(self, spec, **kw):
+        self.calls.append(spec.name)
+        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+        return {"node": kw["node"], "time": time.time(), **outcome}
+
+
+def run_chaos(monkeypatch, tmp_path, fake: FakeJob, **changes):
+    from megatron_resilience.chaos import runner
+
+    monkeypatch.setattr(runner.actions, "job_nodes", fake.job_nodes)
+    monkeypatch.setattr(runner.actions, "inject", fake.inject)
+    cfg = ChaosConfig(**{"run_dir": str(tmp_path), "mtbf": 0.02, "clock": "allocation", "seed": 3, "max_count": 3,
+                         "max_time": 30.0, "poll": 0.01, "job_id": "42", "recover_timeout": 30.0, **changes})
+    summary = runner.Chaos(cfg, log=lambda m: None).run()
+    with open(tmp_path / "chaos_ledger.jsonl") as f:
+        return summary, [json.loads(line) for line in f]
+
+
+def test_on_the_allocation_clock_a_fault_waits_for_its_target_and_lands_late(monkeypatch, tmp_path):
+    """The clock runs only while the job is RUNNING; a rank fault that comes due before the ranks exist is tried
+    again until it lands (its lateness on record); the run ends at max_count."""
+    no_rank = {"ok": False, "why": "no rank process of job 42 on n1"}
+    fake = FakeJob(["PENDING"] * 5 + ["RUNNING"], [no_rank, no_rank, {"ok": True, "rank": 1}])
+    summary, ledger = run_chaos(monkeypatch, tmp_path, fake)
+    assert (summary["reason"], summary["injected"], summary["failed_injections"]) == ("max_count", 3, 0)
+    injections = [r for r in ledger if r["kind"] == "injection"]
+    assert [r["index"] for r in injections] == [0, 1, 2] and all(r["ok"] for r in injections)
+    assert len(fake.calls) == 5  # the first fault tried three times, then one try each
+    assert injections[0]["late_s"] >= 0 and "late_s" in injections[1]
+    assert ledger[0]["kind"] == "chaos_start" and ledger[0]["config"]["clock"] == "allocation"
+
+
+def test_the_allocation_clock_stands_still_while_the_job_waits_in_the_queue(monkeypatch, tmp_path):
+    summary, ledger = run_chaos(monkeypatch, tmp_path, FakeJob(["PENDING"], [{"ok": True}]), max_time=0.5)
+    assert (summary["reason"], summary["injected"]) == ("max_time", 0)
+
+
+def test_a_refused_fault_is_not_retried(monkeypatch, tmp_path):
+    refused = {"ok": False, "why": "other jobs run on n1: ['7']; a node is taken down only under the job it was given"}
+    fake = FakeJob(["RUNNING"], [refused])
+    summary, ledger = run_chaos(monkeypatch, tmp_path, fake, max_count=2)
+    assert (summary["reason"], summary["injected"], summary["failed_injections"]) == ("max_count", 2, 2)
+    assert len(fake.calls) == 2
+
+
+def test_a_clock_that_does_not_exist_names_the_allowed_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"^chaos --clock: must be one of \['training', 'allocation'\], got 'wall'$"):
+        ChaosConfig(run_dir=str(tmp_path), mtbf=60, clock="wall")

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.chaos.mix import load_mix, preset_names
-from megatron_resilience.chaos.runner import Chaos, ChaosConfig, plan
+from megatron_resilience.chaos.runner import CLOCKS, Chaos, ChaosConfig, plan
 from megatron_resilience.config._validate import ConfigError
 
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -27,10 +27,13 @@ def duration(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m megatron_resilience.chaos", description=(
         "Inject a seeded stream of realistic failures into the running Slurm job of RUN_DIR (and only that job): "
-        "exponential inter-arrival times at MTBF (training time), causes drawn from a published mix. Every "
+        "exponential inter-arrival times at MTBF (on --clock), causes drawn from a published mix. Every "
         "injection goes to RUN_DIR/chaos_ledger.jsonl; the report prints injected vs classified."))
     p.add_argument("run_dir", help="the run directory (holds job_ledger.jsonl)")
     p.add_argument("--mtbf", type=duration, required=True, help="mean time between faults, e.g. 120s, 5m")
+    p.add_argument("--clock", default="training", choices=CLOCKS,
+                   help="what the MTBF is measured in: training time (default; a recovery is never interrupted) or "
+                        "the job's allocated time (faults also land during restarts, as Daly's optimum assumes)")
     p.add_argument("--mix", default="llama3", help=f"a preset ({', '.join(preset_names())}) or a YAML file")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-count", type=int, default=10, help="at most this many faults (default 10)")
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         mix = load_mix(args.mix)
-        cfg = ChaosConfig(run_dir=args.run_dir, mtbf=args.mtbf, mix=args.mix, seed=args.seed,
+        cfg = ChaosConfig(run_dir=args.run_dir, mtbf=args.mtbf, clock=args.clock, mix=args.mix, seed=args.seed,
                           max_count=args.max_count, max_time=args.max_time, repair=args.repair, job_id=args.job_id,
                           rank=args.rank)
     except (ConfigError, ValueError) as err:

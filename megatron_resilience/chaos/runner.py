@@ -1,13 +1,20 @@
 """The chaos loop: a seeded stream of faults at a given MTBF into one run's Slurm job, until a bound is reached.
 
 Reproducible: the seed alone decides the sequence of (time to the next fault, cause, target seed), drawn
-in that order whatever happens in between. The clock of the stream runs while the job trains (its
-trainer has logged a step since the previous fault): the exponential inter-arrival times are in training
-time, so runs of different speed or checkpoint interval meet the same stream, and a fault never lands
-while the previous one is still being recovered from. Bounded: at most ``max_count`` faults and
-``max_time`` seconds; it stops when the run's chain of attempts ends. Every fault (and every node it took
-down and gave back) is a line of ``<run_dir>/chaos_ledger.jsonl``; nodes taken down are resumed after
-``repair`` seconds and always before it exits.
+in that order whatever happens in between. The exponential inter-arrival times run on one of two clocks:
+
+* ``training`` (default): the clock runs while the job trains (its trainer has logged a step since the
+  previous poll), and a fault never lands while the previous one is still being recovered from, so runs of
+  different speed or checkpoint interval meet the same stream;
+* ``allocation``: the clock runs while the job holds its allocation (Slurm: RUNNING; queue wait does not
+  count), faults land whenever they come due, during a restart or a startup too — the world's way, and the
+  process Daly's optimum assumes (failures at rate 1/M over the allocated time, restarts included), so a run's
+  goodput / E* measures the run, not a stream that spares its recoveries. A fault that comes due while its
+  target does not exist (between attempts; a rank fault before the ranks started) lands when it does.
+
+Bounded: at most ``max_count`` faults and ``max_time`` seconds; it stops when the run's chain of attempts ends.
+Every fault (and every node it took down and gave back) is a line of ``<run_dir>/chaos_ledger.jsonl``; nodes
+taken down are resumed after ``repair`` seconds and always before it exits.
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.jobs.report_inputs import CHAOS_LEDGER_FILE
 from megatron_resilience.jobs.watcher import current_job
 
+CLOCKS = ("training", "allocation")
+
 
 @dataclass(kw_only=True)
 class ChaosConfig:
     run_dir: str
-    mtbf: float  # seconds of training between faults, on average
+    mtbf: float  # seconds between faults, on average, on the clock below
+    clock: str = "training"  # training | allocation (module docstring)
     mix: str = "llama3"
     seed: int = 0
     max_count: int = 10
@@ -48,6 +58,8 @@ class ChaosConfig:
                 raise ValueError(f"chaos --{name.replace('_', '-')}: must be a finite number > 0, got {value!r}")
         if isinstance(self.max_count, bool) or not isinstance(self.max_count, int) or self.max_count < 1:
             raise ValueError(f"chaos --max-count: must be an integer >= 1, got {self.max_count!r}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"chaos --clock: must be one of {list(CLOCKS)}, got {self.clock!r}")
         if not os.path.isdir(self.run_dir):
             raise ValueError(f"chaos RUN_DIR: no such run directory {self.run_dir!r}")
 
@@ -55,7 +67,7 @@ class ChaosConfig:
 @dataclass
 class Planned:
     index: int
-    delay: float  # training seconds after the previous fault
+    delay: float  # seconds after the previous fault, on the stream's clock
     cause: str
     category: str
     fault: str
@@ -118,12 +130,16 @@ class Chaos:
                             "mix": self.mix.to_dict(), "plan": [asdict(p) for p in stream]})
         reason = "max_count"
         try:
+            allocation = cfg.clock == "allocation"
             for item in stream:
-                if not self._train_for(item.delay, deadline):
+                waited = self._allocated_for(item.delay, deadline) if allocation else \
+                    self._train_for(item.delay, deadline)
+                if not waited or (allocation and not self._inject_when_possible(item, deadline)):
                     reason = "chain ended" if self.chain_ended() else "max_time"
                     break
-                self._inject(item)
-                if not self._recovered(deadline):
+                if not allocation:
+                    self._inject(item)
+                if not allocation and not self._recovered(deadline):
                     reason = "chain ended" if self.chain_ended() else "max_time"
                     break
         except KeyboardInterrupt:
@@ -158,6 +174,38 @@ class Chaos:
                 seen = newest
         return True
 
+    def _allocated_for(self, seconds: float, deadline: float) -> bool:
+        """Wait until the job has held its allocation ``seconds`` more (Slurm's RUNNING; pending time is not)."""
+        held, last = 0.0, time.monotonic()
+        while held < seconds:
+            if time.monotonic() > deadline or self.chain_ended():
+                return False
+            time.sleep(self.cfg.poll)
+            self._tick()
+            now = time.monotonic()
+            job = self.job()
+            if job and actions.job_nodes(job)[0] == "RUNNING":
+                held += now - last
+            last = now
+        return True
+
+    def _inject_when_possible(self, item: Planned, deadline: float) -> bool:
+        """Inject ``item`` now, or as soon as its target exists (``allocation`` clock); False: the chain ended or a
+        bound was reached first."""
+        due = time.time()
+        limit = min(deadline, time.monotonic() + self.cfg.recover_timeout)
+        while True:
+            record = self._inject(item, quiet=True)
+            if record.get("ok") or time.monotonic() >= limit or not _retryable(record):
+                if record.get("ok") and record.get("time"):
+                    record["late_s"] = round(float(record["time"]) - due, 3)
+                self._commit(item, record)
+                return True
+            if self.chain_ended():
+                return False
+            time.sleep(self.cfg.poll)
+            self._tick()
+
     def _recovered(self, deadline: float) -> bool:
         """Wait until the job trains again after the last fault (a train record newer than it)."""
         since = self.injected[-1]["time"] if self.injected else time.time()
@@ -173,7 +221,8 @@ class Chaos:
         return time.monotonic() < deadline
 
     # --- acting -------------------------------------------------------------------------------------------------
-    def _inject(self, item: Planned) -> None:
+    def _inject(self, item: Planned, *, quiet: bool = False) -> dict[str, Any]:
+        """Try ``item`` once; with ``quiet`` the caller decides whether to keep (``_commit``) or retry it."""
         spec = fault(item.fault)
         job = self.job()
         state, restart, nodes = actions.job_nodes(job) if job else (None, 0, [])
@@ -189,11 +238,18 @@ class Chaos:
                                          run_dir=self.cfg.run_dir, rank=self.cfg.rank))
             if spec.where == "node" and record.get("ok"):
                 self.down[node] = time.time() + self.cfg.repair
+        if not quiet:
+            self._commit(item, record)
+        return record
+
+    def _commit(self, item: Planned, record: dict[str, Any]) -> None:
+        spec = fault(item.fault)
         self.ledger.append(record)
         self.injected.append(record)
         what = f"rank {record.get('rank')} on {record.get('node')}" if spec.where == "rank" else record.get("node")
-        self.log(f"chaos: {item.index}: {spec.name} ({item.cause}) -> job {job} {what}: "
-                 f"{'done' if record.get('ok') else 'NOT done: ' + str(record.get('why') or record.get('output'))}")
+        late = f" ({record['late_s']:.1f} s after it came due)" if record.get("late_s") else ""
+        outcome = "done" + late if record.get("ok") else f"NOT done: {record.get('why') or record.get('output')}"
+        self.log(f"chaos: {item.index}: {spec.name} ({item.cause}) -> job {record.get('job_id')} {what}: {outcome}")
 
     def _resume(self, node: str) -> None:
         ok, text = actions.resume_node(node)
@@ -202,4 +258,11 @@ class Chaos:
         self.log(f"chaos: node {node} resumed{'' if ok else ': ' + text}")
 
 
-__all__ = ["Chaos", "ChaosConfig", "plan"]
+def _retryable(record: dict[str, Any]) -> bool:
+    """A target that does not exist yet (between attempts; no rank process yet), not a refusal (another job's
+    node) or a failed command."""
+    said = f"{record.get('why') or ''} {record.get('output') or ''}"
+    return "not running" in said or "no rank process" in said
+
+
+__all__ = ["CLOCKS", "Chaos", "ChaosConfig", "plan"]
