@@ -201,3 +201,28 @@ def test_a_refused_fault_is_not_retried(monkeypatch, tmp_path):
 def test_a_clock_that_does_not_exist_names_the_allowed_ones(tmp_path):
     with pytest.raises(ValueError, match=r"^chaos --clock: must be one of \['training', 'allocation'\], got 'wall'$"):
         ChaosConfig(run_dir=str(tmp_path), mtbf=60, clock="wall")
+
+
+def test_on_the_allocation_clock_a_hang_lands_once_the_ranks_are_past_setup(monkeypatch, tmp_path):
+    """A rank stopped before it first talks to ft_launcher's rank monitor is seen by no timeout: the hang that comes
+    due while the trainer is starting waits for its first step."""
+    import threading
+
+    mix = tmp_path / "hangs.yaml"
+    mix.write_text("name: hangs\nsource: a test\ncauses:\n  - {cause: a dead link, count: 1, fault: rank_hang}\n")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"kind": "start", "time": time.time()}) + "\n")
+    trained_at = {}
+
+    def first_step():
+        time.sleep(0.5)
+        trained_at["t"] = time.time()
+        with open(metrics, "a") as f:
+            f.write(json.dumps({"kind": "train", "time": trained_at["t"], "step": 1}) + "\n")
+
+    threading.Thread(target=first_step, daemon=True).start()
+    fake = FakeJob(["RUNNING"], [{"ok": True, "rank": 0}])
+    summary, ledger = run_chaos(monkeypatch, tmp_path, fake, mix=str(mix), max_count=1)
+    [injection] = [r for r in ledger if r["kind"] == "injection"]
+    assert summary["injected"] == 1 and injection["fault"] == "rank_hang"
+    assert injection["time"] >= trained_at["t"] and injection["late_s"] > 0

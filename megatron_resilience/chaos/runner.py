@@ -85,8 +85,8 @@ def plan(mix: Mix, *, seed: int, mtbf: float, count: int) -> list[Planned]:
     return out
 
 
-def last_train_time(run_dir: str, chunk: int = 1 << 16) -> float | None:
-    """The time of the newest ``train`` record of the run's metrics.jsonl (read from the end)."""
+def last_record_time(run_dir: str, kind: str = "train", chunk: int = 1 << 16) -> float | None:
+    """The time of the newest ``kind`` record of the run's metrics.jsonl (read from the end)."""
     path = os.path.join(run_dir, "metrics.jsonl")
     try:
         with open(path, "rb") as f:
@@ -101,9 +101,19 @@ def last_train_time(run_dir: str, chunk: int = 1 << 16) -> float | None:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("kind") == "train":
+        if isinstance(rec, dict) and rec.get("kind") == kind:
             return float(rec.get("time") or 0)
     return None
+
+
+def last_train_time(run_dir: str) -> float | None:
+    return last_record_time(run_dir, "train")
+
+
+def past_setup(run_dir: str) -> bool:
+    """The trainer running now has trained since its (re)start: its ranks talk to ft_launcher's rank monitor."""
+    trained, started = last_record_time(run_dir, "train"), last_record_time(run_dir, "start")
+    return trained is not None and (started is None or trained > started)
 
 
 class Chaos:
@@ -194,7 +204,17 @@ class Chaos:
         bound was reached first."""
         due = time.time()
         limit = min(deadline, time.monotonic() + self.cfg.recover_timeout)
+        # A rank stopped before it first talks to ft_launcher's rank monitor is seen by no timeout (the monitor's
+        # timers start at the rank's first message; alone in its job, nothing else waits for it): a hang lands
+        # once the ranks are past setup.
+        hang = fault(item.fault).signal == "SIGSTOP"
         while True:
+            if hang and not past_setup(self.cfg.run_dir) and time.monotonic() < limit:
+                if self.chain_ended():
+                    return False
+                time.sleep(self.cfg.poll)
+                self._tick()
+                continue
             record = self._inject(item, quiet=True)
             if record.get("ok") or time.monotonic() >= limit or not _retryable(record):
                 if record.get("ok") and record.get("time"):
