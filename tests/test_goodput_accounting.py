@@ -386,3 +386,42 @@ def test_tau_of_an_interval_longer_than_the_time_between_faults():
     o = measure(account([AttemptWindow(index=0, start=T0, end=T0 + 40, cycle_endings={0: "hang"})], records),
                 records)
     assert (o.interval_steps, o.seconds_per_step, o.tau) == (4, 2.0, 8.0)
+
+
+def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_the_failure_it_shares():
+    """The allocation clock lets a second fault land during the first one's detection: a hang at 31 s, then a rank
+    killed (Xid) at 33 s, noticed at 36 s. The cycle ended once, classified as the kill: the Xid caused it, the
+    hang was absorbed by it, and the cost starts at the hang (the first fault: its silence is detection time)."""
+    from megatron_resilience.jobs.injected import format_injected, summarize
+
+    hang = {"time": T0 + 31.0, "fault": "rank_hang", "expected": ["hang"], "ok": True}
+    xid = {"time": T0 + 33.0, "fault": "gpu_xid", "expected": ["xid_error"], "ok": True}
+    missed = {"time": T0 + 32.0, "fault": "gpu_ecc", "expected": ["ecc_error"], "ok": False}  # not carried out
+    window = AttemptWindow(index=0, start=T0, end=T0 + 60, ending="finished", cycle_endings={0: "xid_error"},
+                           detections=[T0 + 36.0])
+    acc = account([window], HANG_RUN, [hang, missed, xid])
+    assert_tiles(acc)
+    [intr] = acc.interruptions
+    assert (intr.cause, intr.fault_time, intr.detected, intr.injection, intr.absorbed) == \
+        ("xid_error", T0 + 31, T0 + 36, xid, [hang])
+    assert buckets(acc)["wasted_progress"] == pytest.approx(1.0 + 3.0)  # 30 -> the hang at 31, steps 5-6 re-run
+    assert buckets(acc)["failure_detection"] == pytest.approx(5.0)  # the hang (31) -> noticed (36)
+    summary = summarize(acc, [hang, missed, xid], [window])
+    assert [(r["fault"], r["classified"], r["match"], r["absorbed_by"]) for r in summary["injections"]] == [
+        ("rank_hang", None, False, "gpu_xid"), ("gpu_ecc", None, False, None), ("gpu_xid", "xid_error", True, None)]
+    assert not summary["all_classified"]  # the injection chaos could not carry out stays unexplained
+    assert format_injected(summarize(acc, [hang, xid], [window]))[:3] == [
+        "injected faults: 2 (all classified as injected; 1 absorbed by a fault that landed before they were noticed)",
+        "  gpu_xid: injected 1, classified as expected 1 (xid_error x1)",
+        "  rank_hang: injected 1, classified as expected 0 (absorbed by gpu_xid x1)"]
+
+
+def test_a_node_set_down_just_past_slurms_whole_second_end_is_the_attempts_fault():
+    """NODE_FAIL ends the attempt at once and sacct's End has whole seconds: the injection at End + 0.7 s is the
+    fault that ended the attempt (a job-level interruption), not one of the next attempt."""
+    window = AttemptWindow(index=0, start=T0, end=T0 + 40, ending="node_fail", failure=True)
+    records = [start(5, process_start=1, marks={"checkpoint_load": 4}), *steps(1, 30, at=6, every=1, step_time=0.9)]
+    down = {"time": T0 + 40.7, "fault": "node_down", "expected": ["node_fail"]}
+    acc = account([window], records, [down])
+    [intr] = acc.interruptions
+    assert (intr.kind, intr.cause, intr.injection, intr.fault_source) == ("job", "node_fail", down, "injected")

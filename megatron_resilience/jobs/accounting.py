@@ -80,7 +80,8 @@ class Interruption:
     cost: dict[str, float] = field(default_factory=dict)  # allocated seconds by bucket
     queue_wait: float = 0.0
     restart_seconds: float | None = None  # allocated seconds fault -> restarted (R)
-    injection: dict[str, Any] | None = None
+    injection: dict[str, Any] | None = None  # the injected fault its classification names
+    absorbed: list[dict[str, Any]] = field(default_factory=list)  # faults injected before it was noticed
 
     @property
     def total(self) -> float:
@@ -183,9 +184,17 @@ def _first_mark_after(c: _Cycle, t: float) -> float:
     return min(later + [_t(c.start)])
 
 
-def _injection_in(injections: list[dict[str, Any]], begin: float, end: float) -> dict[str, Any] | None:
-    found = [i for i in injections if begin <= float(i.get("time") or 0) <= end]
-    return found[-1] if found else None
+def _injections_in(injections: list[dict[str, Any]], begin: float, end: float) -> list[dict[str, Any]]:
+    """The faults injected into a cycle, oldest first (an injection its chaos run could not carry out is none)."""
+    return [i for i in injections if begin <= float(i.get("time") or 0) <= end and i.get("ok", True)]
+
+
+def _matched(found: list[dict[str, Any]], cause: str) -> dict[str, Any] | None:
+    """Of the faults injected into one failed cycle, the one its classification names (else the newest): on the
+    allocation clock a second fault can land before the first one was noticed (a hang, then a rank killed
+    before the hang's timeout), and the cycle ends once, for the fault that ended it."""
+    named = [i for i in found if cause in (i.get("expected") or [])]
+    return (named or found or [None])[-1]
 
 
 def _inprocess_record(inprocess: list[dict[str, Any]], c: _Cycle, nxt: _Cycle) -> dict[str, Any] | None:
@@ -261,10 +270,12 @@ def _fault(w: AttemptWindow, c: _Cycle, kind: str, cause: str, injections: list[
     Returns where the next cycle's own setup may begin."""
     last = c.last_alive
     limit = boundary if boundary is not None else (_t(nxt.start) if nxt is not None else w.end)
-    injected = _injection_in(injections, c.own_start, limit)
+    # Slurm's End has whole seconds: a fault that ended the attempt (a node set DOWN) may lie just past it
+    found = _injections_in(injections, c.own_start, limit + (1.0 if nxt is None and kind == "job" else 0.0))
+    injected = _matched(found, cause)
     signal = next((r for r in c.records if r.get("kind") == "signal"), None)
-    if injected is not None:
-        fault, source = float(injected["time"]), "injected"
+    if injected is not None:  # the first fault that broke the cycle starts its cost
+        fault, source = float(found[0]["time"]), "injected"
     elif inprocess_rec and isinstance(inprocess_rec.get("fault_time"), (int, float)):
         fault, source = float(inprocess_rec["fault_time"]), "trainer"
     elif kind == "preemption" and signal is not None:
@@ -294,7 +305,7 @@ def _fault(w: AttemptWindow, c: _Cycle, kind: str, cause: str, injections: list[
     if boundary > max(detected, last):
         items.append((max(detected, last), boundary, _FAULT, RESTART_BUCKET[kind], c.index, index))
     acc.interruptions.append(Interruption(index, w.index, c.index, kind, cause, fault, source, last, detected,
-                                          injection=injected))
+                                          injection=injected, absorbed=[i for i in found if i is not injected]))
     return boundary
 
 
