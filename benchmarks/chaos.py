@@ -118,6 +118,12 @@ def losses(run_dir: str) -> dict[int, float]:
             if r.get("kind") == "train"}
 
 
+def classified_text(rows: list[dict]) -> str:
+    """``12`` classified as injected, ``12 + 1 absorbed`` when a fault landed before the previous was noticed."""
+    matched, absorbed = sum(1 for i in rows if i["match"]), sum(1 for i in rows if i.get("absorbed_by"))
+    return f"{matched} + {absorbed} absorbed" if absorbed else str(matched)
+
+
 # Losses after a resume at another data-parallel size agree with the run at the original size to float rounding
 # (the same samples per step, summed in another order): docs/elastic.md states and justifies the bound.
 RESHARD_TOLERANCE = 2e-5
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         inj = r["report"]["injected"]
         rows.append([r["variant"], r["interval"], r["interval_steps"], len(inj["injections"]),
-                     sum(1 for i in inj["injections"] if i["match"]), f"{100 * r['goodput']:.1f}%",
+                     classified_text(inj["injections"]), f"{100 * r['goodput']:.1f}%",
                      f"{100 * r['e_star']:.1f}%" if r["e_star"] else None,
                      f"{r['ratio']:.3f}" if r["ratio"] else None, r["losses_vs_reference"],
                      f"{r['sum_error_s']:.2e}", r["final"][:60]])
