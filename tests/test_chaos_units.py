@@ -226,3 +226,34 @@ def test_on_the_allocation_clock_a_hang_lands_once_the_ranks_are_past_setup(monk
     [injection] = [r for r in ledger if r["kind"] == "injection"]
     assert summary["injected"] == 1 and injection["fault"] == "rank_hang"
     assert injection["time"] >= trained_at["t"] and injection["late_s"] > 0
+
+
+def test_on_the_training_clock_a_fault_slurm_did_not_answer_for_is_asked_again(monkeypatch, tmp_path):
+    """A loaded slurmctld can let squeue time out (MessageTimeout): a node fault whose check of the node's other jobs
+    got no answer is tried again, on the training clock too, and lands; one that came back "not done" is no fault."""
+    import threading
+
+    mix = tmp_path / "down.yaml"
+    mix.write_text("name: down\nsource: a test\ncauses:\n  - {cause: a power supply, count: 1, fault: node_down}\n")
+    metrics = tmp_path / "metrics.jsonl"
+    stop = threading.Event()
+
+    def train():  # a trainer logging a step every 10 ms until the test is done
+        step = 0
+        while not stop.is_set():
+            step += 1
+            with open(metrics, "a") as f:
+                f.write(json.dumps({"kind": "train", "time": time.time(), "step": step}) + "\n")
+            time.sleep(0.01)
+
+    threading.Thread(target=train, daemon=True).start()
+    unanswered = {"ok": False, "why": "other jobs run on n1: ['(squeue failed)']; a node is taken down only under "
+                                      "the job it was given"}
+    fake = FakeJob(["RUNNING"], [unanswered, unanswered, {"ok": True}])
+    try:
+        summary, ledger = run_chaos(monkeypatch, tmp_path, fake, mix=str(mix), clock="training", max_count=1)
+    finally:
+        stop.set()
+    [injection] = [r for r in ledger if r["kind"] == "injection"]
+    assert (summary["reason"], summary["injected"], summary["failed_injections"]) == ("max_count", 1, 0)
+    assert fake.calls == ["node_down"] * 3 and injection["ok"] is True and injection["late_s"] >= 0

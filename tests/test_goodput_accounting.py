@@ -396,7 +396,8 @@ def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_t
 
     hang = {"time": T0 + 31.0, "fault": "rank_hang", "expected": ["hang"], "ok": True}
     xid = {"time": T0 + 33.0, "fault": "gpu_xid", "expected": ["xid_error"], "ok": True}
-    missed = {"time": T0 + 32.0, "fault": "gpu_ecc", "expected": ["ecc_error"], "ok": False}  # not carried out
+    missed = {"time": T0 + 32.0, "fault": "gpu_ecc", "expected": ["ecc_error"], "ok": False,  # not carried out
+              "why": "no rank process of job 7 on mn1"}
     window = AttemptWindow(index=0, start=T0, end=T0 + 60, ending="finished", cycle_endings={0: "xid_error"},
                            detections=[T0 + 36.0])
     acc = account([window], HANG_RUN, [hang, missed, xid])
@@ -410,6 +411,9 @@ def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_t
     assert [(r["fault"], r["classified"], r["match"], r["absorbed_by"]) for r in summary["injections"]] == [
         ("rank_hang", None, False, "gpu_xid"), ("gpu_ecc", None, False, None), ("gpu_xid", "xid_error", True, None)]
     assert not summary["all_classified"]  # the injection chaos could not carry out stays unexplained
+    assert [r["done"] for r in summary["injections"]] == [True, False, True]
+    assert format_injected(summary)[1] == "  gpu_ecc: injected 1, classified as expected 0 (not done: no rank " \
+                                          "process of job 7 on mn1 x1)"
     assert format_injected(summarize(acc, [hang, xid], [window]))[:3] == [
         "injected faults: 2 (all classified as injected; 1 absorbed by a fault that landed before they were noticed)",
         "  gpu_xid: injected 1, classified as expected 1 (xid_error x1)",

@@ -12,6 +12,8 @@ in that order whatever happens in between. The exponential inter-arrival times r
   goodput / E* measures the run, not a stream that spares its recoveries. A fault that comes due while its
   target does not exist (between attempts; a rank fault before the ranks started) lands when it does.
 
+On either clock a fault Slurm gave no answer for (squeue timing out on a loaded controller) is tried again.
+
 Bounded: at most ``max_count`` faults and ``max_time`` seconds; it stops when the run's chain of attempts ends.
 Every fault (and every node it took down and gave back) is a line of ``<run_dir>/chaos_ledger.jsonl``; nodes
 taken down are resumed after ``repair`` seconds and always before it exits.
@@ -144,11 +146,9 @@ class Chaos:
             for item in stream:
                 waited = self._allocated_for(item.delay, deadline) if allocation else \
                     self._train_for(item.delay, deadline)
-                if not waited or (allocation and not self._inject_when_possible(item, deadline)):
+                if not waited or not self._inject_when_possible(item, deadline):
                     reason = "chain ended" if self.chain_ended() else "max_time"
                     break
-                if not allocation:
-                    self._inject(item)
                 if not allocation and not self._recovered(deadline):
                     reason = "chain ended" if self.chain_ended() else "max_time"
                     break
@@ -200,8 +200,9 @@ class Chaos:
         return True
 
     def _inject_when_possible(self, item: Planned, deadline: float) -> bool:
-        """Inject ``item`` now, or as soon as its target exists (``allocation`` clock); False: the chain ended or a
-        bound was reached first."""
+        """Inject ``item`` now, or as soon as its target exists (on the ``allocation`` clock it may come due between
+        attempts) and Slurm answers (a query that times out on a loaded controller is asked again, on either clock);
+        False: the chain ended or a bound was reached first."""
         due = time.time()
         limit = min(deadline, time.monotonic() + self.cfg.recover_timeout)
         # A rank stopped before it first talks to ft_launcher's rank monitor is seen by no timeout (the monitor's
@@ -278,11 +279,16 @@ class Chaos:
         self.log(f"chaos: node {node} resumed{'' if ok else ': ' + text}")
 
 
+# What slurmctld's clients print when it did not answer in time (MessageTimeout) or could not be reached.
+SLURM_UNANSWERED = ("(squeue failed)", "Socket timed out", "Unable to contact slurm controller",
+                    "Zero Bytes were transmitted", "TimeoutExpired")
+
+
 def _retryable(record: dict[str, Any]) -> bool:
-    """A target that does not exist yet (between attempts; no rank process yet), not a refusal (another job's
-    node) or a failed command."""
+    """A target that does not exist yet (between attempts; no rank process yet) or a Slurm that did not answer,
+    not a refusal (another job's node) or a command that failed for its own reason."""
     said = f"{record.get('why') or ''} {record.get('output') or ''}"
-    return "not running" in said or "no rank process" in said
+    return "not running" in said or "no rank process" in said or any(s in said for s in SLURM_UNANSWERED)
 
 
 __all__ = ["CLOCKS", "Chaos", "ChaosConfig", "plan"]

@@ -38,12 +38,14 @@ def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[A
                      "node": inj.get("node"), "rank": inj.get("rank"), "expected": expected,
                      "classified": classified, "match": ok, "interruption": intr.index if intr else None,
                      "kind": intr.kind if intr else None, "exclusion_requested": excluded,
-                     "hardware": bool(inj.get("hardware")),
+                     "hardware": bool(inj.get("hardware")), "done": inj.get("ok", True) is not False,
                      "absorbed_by": (by or {}).get("fault") if absorbed else None})
         k = kinds.setdefault(str(inj.get("fault")), {"injected": 0, "classified_as_expected": 0, "as": {}})
         k["injected"] += 1
         k["classified_as_expected"] += int(ok)
         label = f"absorbed by {(by or {}).get('fault')}" if absorbed else str(classified)
+        if inj.get("ok") is False:  # chaos could not carry it out: no fault happened, and the ledger says why
+            label = f"not done: {str(inj.get('why') or inj.get('output') or 'no reason recorded')[:160]}"
         k["as"][label] = k["as"].get(label, 0) + 1
     applied: list[str] = []
     for w in windows:

@@ -51,16 +51,18 @@ def short(multinode_cluster, slurm_cluster, slurm_tmp):
     with open(path) as f:
         data = json.load(f)
     [run] = data["runs"]
-    return {"run": run, "data": data, "stdout": proc.stdout, "cluster": multinode_cluster}
+    with open(os.path.join(out, f"{run['name']}.chaos.log")) as f:  # what chaos did, and why a fault was not done
+        chaos_log = f.read()
+    return {"run": run, "data": data, "stdout": proc.stdout, "cluster": multinode_cluster, "chaos_log": chaos_log}
 
 
 def test_every_injected_fault_is_classified_as_its_kind_and_the_failed_node_is_excluded(short):
     run = short["run"]
-    assert run["final"] == "training finished after 3 attempt(s)", short["stdout"][-4000:]
+    assert run["final"] == "training finished after 3 attempt(s)", short["chaos_log"] + short["stdout"][-4000:]
     injected = run["report"]["injected"]
     rows = injected["injections"]
     assert sorted(r["fault"] for r in rows) == ["gpu_xid", "node_down", "preempt"]
-    assert injected["all_classified"], rows
+    assert injected["all_classified"], (rows, short["chaos_log"])
     assert {r["fault"]: r["classified"] for r in rows} == {"gpu_xid": "xid_error", "preempt": "preempted",
                                                           "node_down": "node_fail"}
     [down] = [r for r in rows if r["fault"] == "node_down"]
