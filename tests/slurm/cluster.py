@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -122,7 +123,31 @@ def multinode_cluster(slurm_cluster: SlurmCluster) -> SlurmCluster:
     """
     if len(slurm_cluster.nodes) >= 2:
         return slurm_cluster
-    return start_cluster("multinode")
+    cluster = start_cluster("multinode")
+    cancel_leftover_jobs(cluster)
+    return cluster
+
+
+def cancel_leftover_jobs(cluster: SlurmCluster, timeout: float = 120.0) -> list[str]:
+    """Cancel what an earlier session left queued or running on the private multi-node instance, and wait until it
+    is gone: its tests take nodes down and hold whole nodes, and a job left by an interrupted benchmark or test
+    (slurmctld keeps its state across restarts and runs it again) holds the nodes they need. A benchmark and the
+    suite cannot share the instance at once; the warning names what was cancelled."""
+    env = {**os.environ, "SLURM_CONF": cluster.slurm_conf}
+    listed = subprocess.run(["squeue", "-h", "-o", "%i %j %T %N"], env=env, capture_output=True, text=True,
+                            timeout=60).stdout.splitlines()
+    jobs = [line.split()[0] for line in listed if line.strip()]
+    if not jobs:
+        return []
+    warnings.warn(f"the multi-node instance had jobs left by an earlier run; cancelled: {listed}", stacklevel=2)
+    subprocess.run(["scancel", *jobs], env=env, capture_output=True, timeout=60)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True,
+                              timeout=60).stdout.split():
+            return jobs
+        time.sleep(1)
+    raise RuntimeError(f"jobs left on the multi-node instance did not go within {timeout:.0f} s: {jobs}")
 
 
 @contextlib.contextmanager
