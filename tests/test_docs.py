@@ -169,6 +169,16 @@ def test_messages_quoted_in_the_readme_are_the_ones_the_config_raises():
         assert f"`{raised.value}`" in readme
 
 
+def test_readme_goodput_figures_are_the_ones_on_the_goodput_page():
+    """The README's chaos-run figures are copied from docs/goodput.md, where the runs are described in full."""
+    readme = _read("README.md")
+    section = readme[readme.index("## Goodput"):readme.index("\n## ", readme.index("## Goodput") + 1)]
+    figures = re.findall(r"\d+\.\d+%?|\d+e-\d+|\d+ \+ \d+ absorbed", section)
+    assert len(figures) >= 15
+    goodput = _read("docs/goodput.md")
+    assert [f for f in figures if f not in goodput] == []
+
+
 def test_readme_speed_figures_are_the_ones_on_the_speed_page():
     """The README's headline figures are copied from docs/speed.md, where each is stated with how it was measured."""
     readme = _read("README.md")
