@@ -169,21 +169,21 @@ def test_messages_quoted_in_the_readme_are_the_ones_the_config_raises():
         assert f"`{raised.value}`" in readme
 
 
+def _readme_figures(section: str, pattern: str) -> list[str]:
+    readme = _read("README.md")
+    start = readme.index(f"## {section}")
+    return re.findall(pattern, readme[start:readme.index("\n## ", start + 1)])
+
+
 def test_readme_goodput_figures_are_the_ones_on_the_goodput_page():
     """The README's chaos-run figures are copied from docs/goodput.md, where the runs are described in full."""
-    readme = _read("README.md")
-    section = readme[readme.index("## Goodput"):readme.index("\n## ", readme.index("## Goodput") + 1)]
-    figures = re.findall(r"\d+\.\d+%?|\d+e-\d+|\d+ \+ \d+ absorbed", section)
+    figures = _readme_figures("Goodput", r"\d+\.\d+%?|\d+e-\d+|\d+ \+ \d+ absorbed")
     assert len(figures) >= 15
-    goodput = _read("docs/goodput.md")
-    assert [f for f in figures if f not in goodput] == []
+    assert [f for f in figures if f not in _read("docs/goodput.md")] == []
 
 
 def test_readme_speed_figures_are_the_ones_on_the_speed_page():
     """The README's headline figures are copied from docs/speed.md, where each is stated with how it was measured."""
-    readme = _read("README.md")
-    section = readme[readme.index("## Speed"):readme.index("\n## ", readme.index("## Speed") + 1)]
-    figures = re.findall(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)? ?(?:ms|s|x|%)(?![\w])", section)
+    figures = _readme_figures("Speed", r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)? ?(?:ms|s|x|%)(?![\w])")
     assert len(figures) >= 10
-    speed = _read("docs/speed.md")
-    assert [f for f in figures if f not in speed] == []
+    assert [f for f in figures if f not in _read("docs/speed.md")] == []
