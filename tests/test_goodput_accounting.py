@@ -9,76 +9,22 @@ demo's real numbers are checked in ``test_examples.py``, a real Slurm chain's in
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
+from resilience_support.goodput_records import (
+    HANG_RUN,
+    T0,
+    approx,
+    assert_tiles,
+    buckets,
+    save,
+    start,
+    steps,
+    write_jsonl,
+)
 
-from megatron_resilience.goodput import daly
 from megatron_resilience.jobs import report
-from megatron_resilience.jobs.accounting import BUCKETS, PRODUCTIVE, QUEUE, AttemptWindow, account
-
-T0 = 1_800_000_000.0
-
-
-def start(t, *, step=0, resumed_from=None, process_start=None, marks=None, launcher_start=None, job_id=None,
-          restart=0, in_job=0, inprocess=None, world_size=1):
-    attempt = {"slurm_restart": restart, "in_job_restart": in_job, "job_id": job_id}
-    if inprocess is not None:
-        attempt["inprocess_restart"] = inprocess
-    setup = {"process_start": None if process_start is None else T0 + process_start,
-             "marks": {k: T0 + v for k, v in (marks or {}).items()}}
-    if launcher_start is not None:
-        setup["launcher_start"] = T0 + launcher_start
-    return {"kind": "start", "step": step, "resumed": resumed_from is not None, "resumed_from": resumed_from,
-            "attempt": attempt, "world_size": world_size, "tp": 1, "pp": 1, "dp": world_size, "setup": setup,
-            "time": T0 + t}
-
-
-def steps(first, last, *, at, every, step_time):
-    """Train records of steps first..last, the first at ``at``, then every ``every`` s (log_interval 1)."""
-    return [{"kind": "train", "step": s, "loss": 1.0 / s, "step_time_s": step_time, "tokens_per_s": 1000.0,
-             "time": T0 + at + every * (s - first)} for s in range(first, last + 1)]
-
-
-def save(step, begin, blocking, reason="interval"):
-    return {"kind": "checkpoint", "step": step, "reason": reason, "async": False, "start_time": T0 + begin,
-            "blocking_s": blocking, "durable_time": T0 + begin + blocking, "time": T0 + begin + blocking}
-
-
-def buckets(acc) -> dict[str, float]:
-    """The non-empty buckets (epoch floats near 1.8e9 carry ~1e-7 s of rounding)."""
-    return {k: v for k, v in acc.badput.items() if v > 1e-5}
-
-
-def approx(expected: dict[str, float]):
-    return pytest.approx(expected, abs=1e-5)
-
-
-def assert_tiles(acc) -> None:
-    """The spans tile the allocation: no gap, no overlap, and they sum to it."""
-    allocated = sorted((s for s in acc.spans if s.bucket != QUEUE), key=lambda s: s.start)
-    for a, b in zip(allocated, allocated[1:]):
-        assert b.start >= a.end - 1e-9, (a, b)
-    assert sum(s.seconds for s in allocated) == pytest.approx(acc.allocated, abs=1e-6)
-    assert acc.productive + sum(acc.badput.values()) == pytest.approx(acc.allocated, abs=1e-6)
-
-
-# One attempt of 60 s: setup, 6 steps with a save and an eval, a hang injected at 31 s that the launcher notices at
-# 36 s, a new process at 38 s that resumes from step 4 and re-runs 5-6, then 7-10 and a final save.
-HANG_RUN = [
-    start(17, process_start=2, launcher_start=0, marks={"entered": 4, "imports": 10, "distributed": 11, "model": 12,
-                                                         "optimizer": 13, "data": 15, "checkpoint_load": 16}),
-    *steps(1, 4, at=19, every=2, step_time=1.5),
-    save(4, 25.0, 0.4),
-    *steps(5, 6, at=27, every=2, step_time=1.5),
-    {"kind": "eval", "step": 6, "eval_loss": 2.0, "duration_s": 0.8, "time": T0 + 30.0},
-    start(46, step=4, resumed_from=4, process_start=38, in_job=1,
-          marks={"entered": 39, "imports": 42, "distributed": 43, "model": 43.5, "optimizer": 44, "data": 44.5,
-                 "checkpoint_load": 45.5}),
-    *steps(5, 10, at=48, every=2, step_time=1.5),
-    save(10, 58.1, 0.3, reason="finished"),
-    {"kind": "end", "step": 10, "reason": "finished", "exit_code": 0, "time": T0 + 58.5},
-]
+from megatron_resilience.jobs.accounting import BUCKETS, PRODUCTIVE, AttemptWindow, account
 
 
 def test_every_bucket_of_an_in_job_restart_after_an_injected_hang():
@@ -124,10 +70,6 @@ def test_wasted_progress_is_drawn_where_the_steps_were_run_again():
     first_runs = [(round(s.start - T0, 6), round(s.end - T0, 6)) for s in acc.spans
                   if s.bucket == PRODUCTIVE and s.start < T0 + 30]
     assert first_runs[-2:] == [(25.5, 27.0), (27.5, 29.0)]  # their first runs stay productive
-
-
-def write_jsonl(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def preempted_chain(tmp_path):
@@ -291,31 +233,6 @@ def test_a_run_without_records_of_its_own_is_all_startup_or_failed_start():
     assert_tiles(acc)
 
 
-def test_daly_reproduces_his_published_examples():
-    """Daly 2006, figs. 3-5: C = 5 min, R = 10 min; M = 24 h -> 117 min, 6 h -> 57 min, 15 min -> 9.1 min (his
-    figures give whole minutes; his eq. 37 gives 116.7, 56.7 and 9.14, which is what is checked within 0.1 min)."""
-    for m_min, published, precise in ((24 * 60, 117, 116.7), (6 * 60, 57, 56.7), (15, 9.1, 9.14)):
-        tau = daly.daly_interval(5 * 60, m_min * 60) / 60
-        assert tau == pytest.approx(precise, abs=0.1)
-        assert round(tau, 0 if published >= 10 else 1) == published
-    assert daly.young_interval(5 * 60, 24 * 3600) / 60 == pytest.approx(120.0)
-    # the interval is the optimum of the model's efficiency: no other interval does better
-    best = daly.optimum(300, 600, 6 * 3600)
-    for factor in (0.8, 0.95, 1.05, 1.25):
-        assert best.efficiency(best.tau_daly * factor) <= best.e_star + 1e-12
-    # efficiency of Daly's model by hand: tau / (M e^(R/M) (e^((tau + C)/M) - 1))
-    assert daly.expected_efficiency(3600, 300, 600, 86400) == pytest.approx(
-        3600 / (86400 * math.exp(600 / 86400) * (math.exp(3900 / 86400) - 1)))
-    assert best.regret(best.tau_daly) == 0 and best.regret(best.tau_daly * 10) > 0.1
-
-
-def test_daly_rejects_what_it_cannot_use():
-    for c, m in ((0, 60), (5, 0), (float("nan"), 60), (5, float("inf"))):
-        with pytest.raises(ValueError, match="must be a finite number > 0"):
-            daly.daly_interval(c, m)
-    assert daly.daly_interval(100, 40) == 40  # C >= 2M: checkpoint every M
-
-
 def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(tmp_path, monkeypatch):
     """With Slurm's record, a window is sacct's Start -> End (whole seconds; the trainer's last record may lie up to
     1 s past End); a job of another name under the same id (SLURM_CONF pointing at another cluster) is ignored."""
@@ -346,46 +263,6 @@ def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(t
     name[0] = "someone-else"  # sacct answers for another cluster's job 100
     run = report.build(str(run_dir))
     assert [(w.start - T0, w.end - T0) for w in run.windows] == [(0, 20), (32, 50)]  # the ledger's times
-
-
-def test_the_optimum_from_the_runs_own_c_r_m_and_tau():
-    """C: median periodic save; R: mean restart (fault -> first step of the next cycle); M: the user's estimate
-    until 3 interruptions; tau and s/step from consecutive periodic saves; E*, goodput / E*, regret, the interval."""
-    from megatron_resilience.jobs.optimum import format_optimum, measure
-
-    records = HANG_RUN[:1] + steps(1, 4, at=19, every=2, step_time=1.5) + [save(4, 25.0, 0.4)] + \
-        steps(5, 6, at=27, every=2, step_time=1.5) + [save(6, 29.2, 0.6), {"kind": "checkpoint_interval",
-                                                                            "expected_mtbf_s": 600.0,
-                                                                            "time": T0 + 29.8}] + HANG_RUN[9:]
-    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 60, cycle_endings={0: "hang"},
-                                 detections=[T0 + 36.0])], records, [{"time": T0 + 31.0, "fault": "rank_hang"}])
-    o = measure(acc, records)
-    assert (o.c, o.failures, o.m, o.m_source) == (0.5, 1, 600.0, "the user's estimate (checkpoint.expected_mtbf_hours; "
-                                                               "1 interruption(s) seen)")
-    assert o.r == pytest.approx(15.5)  # the fault (31) -> step 5's re-run (46.5)
-    # between the saves at steps 4 and 6: 29.2 - 25.0 - 0.4 = 3.8 s of compute for 2 steps
-    assert (o.tau, o.interval_steps, o.seconds_per_step) == (pytest.approx(3.8), 2, pytest.approx(1.9))
-    best = daly.optimum(0.5, 15.5, 600.0)
-    assert (o.tau_daly, o.e_star) == (pytest.approx(best.tau_daly), pytest.approx(best.e_star))
-    assert o.ratio == pytest.approx(acc.goodput / best.e_star)
-    assert o.regret == pytest.approx(best.e_star - best.efficiency(3.8))
-    assert o.recommended_steps == round(best.tau_daly / 1.9) == 13  # Daly: 24.16 s at 1.9 s/step
-    lines = format_optimum(o, acc.goodput)
-    assert lines[2] == (f"interval used: tau 3.80s expects {100 * best.efficiency(3.8):.1f}% (regret "
-                        f"{100 * o.regret:.1f} points of goodput vs the optimum)")
-    assert lines[3].startswith("recommended: checkpoint.save_interval=13 (Daly's 24.16s at 1.900s/step)")
-
-
-def test_tau_of_an_interval_longer_than_the_time_between_faults():
-    """No cycle saw two periodic saves: tau is the saves' step spacing x the median wall time per step."""
-    from megatron_resilience.jobs.optimum import measure
-
-    records = [start(0), *steps(1, 5, at=2, every=2.0, step_time=1.5), save(4, 9.0, 0.4),
-               start(20, step=4, resumed_from=4, in_job=1), *steps(5, 9, at=22, every=2.0, step_time=1.5),
-               save(8, 29.5, 0.4)]
-    o = measure(account([AttemptWindow(index=0, start=T0, end=T0 + 40, cycle_endings={0: "hang"})], records),
-                records)
-    assert (o.interval_steps, o.seconds_per_step, o.tau) == (4, 2.0, 8.0)
 
 
 def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_the_failure_it_shares():
