@@ -216,7 +216,7 @@ class Chaos:
                 time.sleep(self.cfg.poll)
                 self._tick()
                 continue
-            record = self._inject(item, quiet=True)
+            record = self._try(item)
             if record.get("ok") or time.monotonic() >= limit or not _retryable(record):
                 if record.get("ok") and record.get("time"):
                     record["late_s"] = round(float(record["time"]) - due, 3)
@@ -242,8 +242,8 @@ class Chaos:
         return time.monotonic() < deadline
 
     # --- acting -------------------------------------------------------------------------------------------------
-    def _inject(self, item: Planned, *, quiet: bool = False) -> dict[str, Any]:
-        """Try ``item`` once; with ``quiet`` the caller decides whether to keep (``_commit``) or retry it."""
+    def _try(self, item: Planned) -> dict[str, Any]:
+        """Try ``item`` once; the caller decides whether to keep the outcome (``_commit``) or try again."""
         spec = fault(item.fault)
         job = self.job()
         state, restart, nodes = actions.job_nodes(job) if job else (None, 0, [])
@@ -259,8 +259,6 @@ class Chaos:
                                          run_dir=self.cfg.run_dir, rank=self.cfg.rank))
             if spec.where == "node" and record.get("ok"):
                 self.down[node] = time.time() + self.cfg.repair
-        if not quiet:
-            self._commit(item, record)
         return record
 
     def _commit(self, item: Planned, record: dict[str, Any]) -> None:
