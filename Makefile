@@ -31,8 +31,8 @@ lint: $(STAMP)
 # module per worker (module fixtures launch their process groups together): most of a test's time is spent
 # waiting on launchers, timeouts and restarts.
 TEST_WORKERS ?= 3
-SLURM_MULTINODE_TESTS ?= tests/slurm/test_chaos_on_slurm.py tests/slurm/test_multinode_on_slurm.py \
-	tests/slurm/test_node_down_on_slurm.py tests/slurm/test_elastic_on_slurm.py tests/slurm/test_inprocess_on_slurm.py
+SLURM_MULTINODE_TESTS ?= tests/slurm/test_leftover_jobs_on_slurm.py tests/slurm/test_chaos_on_slurm.py \
+	tests/slurm/test_multinode_on_slurm.py tests/slurm/test_node_down_on_slurm.py tests/slurm/test_elastic_on_slurm.py tests/slurm/test_inprocess_on_slurm.py
 test: lint
 	@scripts/slurm/start.sh >/dev/null 2>&1 || echo "scripts/slurm/start.sh failed; the Slurm tests will say why"
 	@$(PY) -m pytest $(SLURM_MULTINODE_TESTS) --durations=8 $(PYTEST_ARGS) > .pytest-slurm-multinode.log 2>&1 & multi=$$!; \
