@@ -38,7 +38,7 @@ import torch
 
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config.ports import JOB_PORT_ENV, PROCESS_GROUP, JobPorts, job_ports
-from megatron_resilience.runtime.job_store import INPROCESS_RESTART_ENV, bind_with_wait, job_key
+from megatron_resilience.runtime.job_store import INPROCESS_RESTART_ENV, bind_or_explain, job_key
 from megatron_resilience.upstream import nvrx_inprocess
 from megatron_resilience.upstream.pytorch import abort_gloo_connections
 
@@ -138,7 +138,7 @@ def _store_class():
                 return torch.distributed.TCPStore(host_name, port, world_size, is_host, timeout=timeout,
                                                   wait_for_workers=False)
 
-            self.tcp = bind_with_wait(tcp, port, "in-process restart store") if is_host else tcp()
+            self.tcp = bind_or_explain(tcp, port, "in-process restart store") if is_host else tcp()
             super().__init__(f"{job_key()}/inprocess", self.tcp)
 
         @property

@@ -20,6 +20,7 @@ import torch
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.ports import job_ports
+from megatron_resilience.runtime import forked_children
 from megatron_resilience.runtime.job_store import process_group_store, uses_job_store
 from megatron_resilience.runtime.launch_env import adopted_from_slurm, launch_env
 
@@ -67,6 +68,7 @@ def init_distributed(config: PretrainConfig) -> DistInfo:
     """Initialise the process group and Megatron-Core's TP/PP/DP groups; fail clearly on a bad world size."""
     launch = launch_env()
     rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
+    forked_children.install()  # before any helper is forked and before the store binds: see that module
     dp = config.validate_world_size(world_size)  # raises ConfigError naming the keys that do not fit
     device = resolve_device(config.train.device)
     if device.type == "cpu":

@@ -17,17 +17,16 @@ import datetime
 import errno
 import logging
 import os
-import time
 from typing import Callable, TypeVar
 
 import torch
 
 from megatron_resilience.config.ports import JOB_PORT_ENV, JobPorts, overlaps_ephemeral
+from megatron_resilience.runtime import forked_children
 from megatron_resilience.runtime.metrics import INPROCESS_RESTART_ENV
 
 log = logging.getLogger(__name__)
 
-BIND_WAIT_S = 60.0  # a killed predecessor's forked children (async writer, data workers) may hold the port briefly
 
 T = TypeVar("T")
 _stores: dict[tuple[int, int], torch.distributed.Store] = {}
@@ -62,32 +61,70 @@ def job_key(env=None) -> str:
     return f"megatron_resilience/{env.get('SLURM_JOB_ID', '-')}/{env.get('TORCHELASTIC_RUN_ID', '-')}"
 
 
-def bind_with_wait(create: Callable[[], T], port: int, what: str) -> T:
-    """``create()`` a store that binds ``port``, waiting up to BIND_WAIT_S while the port is still in use (a killed
-    predecessor's forked children hold it briefly); any other failure, or a port that stays taken, is an error
-    naming the port and how to give the job another block."""
-    deadline = time.monotonic() + BIND_WAIT_S
-    while True:
+def port_holders(port: int) -> list[str]:
+    """``"pid N (command line)"`` of every process of this node that this user can see listening on TCP ``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            return create()
-        except (RuntimeError, torch.distributed.DistNetworkError) as err:
-            in_use = "EADDRINUSE" in str(err) or f"errno: {errno.EADDRINUSE}" in str(err)
-            if not in_use or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{what}: cannot bind port {port} on this node ({'in use' if in_use else err}); it belongs to "
-                    f"this job's port block, so another job or service uses it: give this job another block with "
-                    f"{JOB_PORT_ENV}=<base port>") from None
-            log.warning("%s: port %d still in use (a previous incarnation's process?); retrying", what, port)
-            time.sleep(1.0)
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    holders = []
+    for pid in filter(str.isdigit, os.listdir("/proc") if inodes else ()):
+        try:
+            if not any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        holders.append(f"pid {pid} ({cmd[:160]})")
+    return holders
+
+
+def bind_or_explain(create: Callable[[], T], port: int, what: str) -> T:
+    """``create()`` a store that binds ``port``, once. The port is the job's own: a rank's forked helpers never
+    keep it (``runtime/forked_children.py``), so a port in use is another job's or service's, and waiting would
+    only hide that. The error names the processes that hold it and how to give the job another block."""
+    forked_children.install()
+    try:
+        return create()
+    except (RuntimeError, torch.distributed.DistNetworkError) as err:
+        in_use = "EADDRINUSE" in str(err) or f"errno: {errno.EADDRINUSE}" in str(err)
+        if not in_use:
+            raise RuntimeError(f"{what}: cannot bind port {port} on this node: {err}") from None
+        holders = port_holders(port)
+        raise RuntimeError(
+            f"{what}: cannot bind port {port} on this node: in use by "
+            f"{'; '.join(holders) if holders else 'a process this user cannot see'}; the port belongs to this "
+            f"job's port block, so another job or service uses it: give this job another block with "
+            f"{JOB_PORT_ENV}=<base port>") from None
+
+
+def connect_or_explain(create: Callable[[], T], host: str, port: int, what: str) -> T:
+    """``create()`` a client of rank 0's store; a failure names the store it could not reach."""
+    forked_children.install()
+    try:
+        return create()
+    except (RuntimeError, torch.distributed.DistError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RuntimeError(f"{what}: cannot reach rank 0's store at {host}:{port} ({first}); rank 0 did not start "
+                           f"it in time or died") from None
 
 
 def host_or_connect(host: str, port: int, *, rank: int, world_size: int, timeout: datetime.timedelta,
                     what: str) -> torch.distributed.TCPStore:
-    """Rank 0 binds ``port`` (see :func:`bind_with_wait`); the others connect."""
+    """Rank 0 binds ``port`` (see :func:`bind_or_explain`); the others connect."""
     if rank != 0:
-        return torch.distributed.TCPStore(host, port, world_size, False, timeout=timeout)
-    return bind_with_wait(lambda: torch.distributed.TCPStore(host, port, world_size, True, timeout=timeout,
-                                                             wait_for_workers=False), port, what)
+        return connect_or_explain(lambda: torch.distributed.TCPStore(host, port, world_size, False, timeout=timeout),
+                                  host, port, what)
+    return bind_or_explain(lambda: torch.distributed.TCPStore(host, port, world_size, True, timeout=timeout,
+                                                              wait_for_workers=False), port, what)
 
 
 def process_group_store(ports: JobPorts, *, rank: int, world_size: int,
