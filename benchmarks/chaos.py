@@ -2,7 +2,7 @@
 
     python benchmarks/chaos.py [--variants off] [--intervals young_daly,short,long] [--mtbf 60s] [--seed 27]
                                [--clock training|allocation]
-                               [--max-count 10] [--steps 1600] [--out DIR] [--json PATH]
+                               [--max-count 10] [--steps 1600] [--ranks-per-node 1] [--out DIR] [--json PATH]
 
 Each run is the real trainer submitted through NeMo-Run's ``SlurmExecutor`` to the repo's multi-node Slurm
 instance (``MR_SLURM_INSTANCE=multinode``: 2 nodes + 1 reserved node, started here when needed) with
@@ -153,14 +153,15 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
     try:
         task, plugins, overrides = build(args.out, name, steps=args.steps, interval=interval,
                                          optimum_steps=optimum_steps, mtbf=args.mtbf, variant=variant,
-                                         shape=args.shape, step_delay=args.step_delay)
+                                         shape=args.shape, step_delay=args.step_delay,
+                                         ranks_per_node=args.ranks_per_node)
     except (TypeError, ValueError) as err:  # a setting of a feature this checkout does not have
         return {"name": name, "variant": variant_name, "interval": interval, "unavailable": str(err)}
     run_dir = task.run_dir
     cluster = clusters["multinode"]
     env = {**os.environ, "SLURM_CONF": cluster["slurm_conf"]}
     job = submit(name, task, plugins, cluster, partition=variant["partition"], nodes=variant["nodes"],
-                 minutes=args.job_minutes)
+                 minutes=args.job_minutes, ranks_per_node=args.ranks_per_node)
     print(f"[{name}] job {job}: {' '.join(overrides)}", flush=True)
     os.makedirs(run_dir, exist_ok=True)
     ledger = Ledger(os.path.join(run_dir, "job_ledger.jsonl"))
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                    "what the young_daly run recommends)")
     p.add_argument("--repair", type=duration, default=120.0)
     p.add_argument("--job-minutes", type=int, default=40)
+    p.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node: with 2 or more, a rank "
+                   "fault hits rank 0, which hosts the job's store, or another rank")
     p.add_argument("--out", default=None, help="runs go here (default /tmp/mr-chaos-<time>)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -241,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # the uninterrupted references, on the default cluster, beside the chaos runs: one per data-parallel size the
     # variants start at (a variant on 2 nodes trains at DP 2, whose gradients are summed in another order than at
-    # DP 1), each on one node with a rank per variant node
+    # DP 1), each on one node with a rank per variant rank
     references = {}
-    for size in sorted({VARIANTS[v]["nodes"] for v in args.variants.split(",") if v in VARIANTS}):
+    for size in sorted({VARIANTS[v]["nodes"] * args.ranks_per_node for v in args.variants.split(",")
+                        if v in VARIANTS}):
         name = "reference" if size == 1 else f"reference-dp{size}"
         task, plugins, _ = build(args.out, name, steps=args.steps, interval="fixed",
                                  optimum_steps=max(1, args.steps // 4), mtbf=args.mtbf,
@@ -273,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         ref["losses"] = losses(ref["run_dir"])
     for r in results:
         if "run_dir" in r:
-            ref = references[VARIANTS[r["variant"]]["nodes"]]
+            ref = references[VARIANTS[r["variant"]]["nodes"] * args.ranks_per_node]
             r["reference"] = ref["name"]
             r["losses_vs_reference"] = compare_losses(losses(r["run_dir"]), ref["losses"], args.steps)
 

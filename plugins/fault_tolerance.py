@@ -74,7 +74,7 @@ from megatron_resilience.upstream import (
     parse_version,
     unaccepted_ft_launcher_flags,
 )
-from megatron_resilience.upstream.launcher import elastic_node_range
+from megatron_resilience.upstream.launcher import NVRX_FLOOR, elastic_node_range
 
 run = import_nemo_run()
 log = logging.getLogger("megatron_resilience.plugins")
@@ -174,10 +174,16 @@ class FaultTolerancePlugin(run.Plugin):
             fail(f"{NAME}.script_args_converter_fn", "must be a function of FaultTolerancePluginScriptArgs",
                  self.script_args_converter_fn)
         if self.nvrx_version is not None:
+            floor = ".".join(map(str, NVRX_FLOOR))
+            allowed = f"must be a version string from '{floor}' on, like '0.7' or '0.4.1' (or None: the installed one)"
+            if not isinstance(self.nvrx_version, str):  # 0.10 as a number is 0.1
+                fail(f"{NAME}.nvrx_version", allowed + "; a number loses digits, quote it", self.nvrx_version)
             try:
-                parse_version(self.nvrx_version)
+                version = parse_version(self.nvrx_version)
             except ValueError:
-                fail(f"{NAME}.nvrx_version", "must be a version like '0.7' or '0.4.1' (or None: the installed one)",
+                fail(f"{NAME}.nvrx_version", allowed, self.nvrx_version)
+            if version < NVRX_FLOOR:
+                fail(f"{NAME}.nvrx_version", allowed + f"; older releases are not supported by {NAME}",
                      self.nvrx_version)
         ft_features.validate(self)
         inprocess_restart.validate(self)

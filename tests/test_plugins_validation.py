@@ -45,7 +45,8 @@ def other_function(x: int = 1) -> int:
     ({"rank_termination_signal": "SIGFOO"}, "FaultTolerancePlugin.rank_termination_signal: must be one of ["),
     ({"log_level": "LOUD"},
      "FaultTolerancePlugin.log_level: must be one of ['DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL'], got 'LOUD'"),
-    ({"nvrx_version": "latest"}, "FaultTolerancePlugin.nvrx_version: must be a version like '0.7'"),
+    ({"nvrx_version": "latest"},
+     "FaultTolerancePlugin.nvrx_version: must be a version string from '0.4' on, like '0.7'"),
     ({"enable_ft_package": "yes"}, "FaultTolerancePlugin.enable_ft_package: must be true or false, got 'yes'"),
 ])
 def test_fault_tolerance_plugin_rejects(kwargs, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import asdict
@@ -12,6 +13,8 @@ from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.chaos.mix import load_mix, preset_names
 from megatron_resilience.chaos.runner import CLOCKS, Chaos, ChaosConfig, plan
 from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.jobs.watcher import current_job
 
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -54,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                           rank=args.rank)
     except (ConfigError, ValueError) as err:
         print(f"megatron_resilience chaos: {err}", file=sys.stderr)
+        return 2
+    if not args.plan and args.job_id is None and current_job(Ledger.in_run_dir(cfg.run_dir)) is None:
+        print(f"megatron_resilience chaos: run_dir: must be the run directory of a Slurm job, got {args.run_dir!r} "
+              f"({os.path.join(args.run_dir, LEDGER_FILE)} names no job: the job has not started, or the run is not "
+              "a Slurm job); chaos injects into a job's allocation: give --job-id JOB for a job that is still "
+              "pending, or --plan to see the stream the seed gives", file=sys.stderr)
         return 2
     if args.plan:
         for item in plan(mix, seed=cfg.seed, mtbf=cfg.mtbf, count=cfg.max_count):

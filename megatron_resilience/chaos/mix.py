@@ -19,10 +19,9 @@ import os
 import random
 from dataclasses import dataclass
 
-import yaml
-
 from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.jobs.monitors import read_raw
 
 MIX_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mixes")
 KEYS = ("name", "source", "description", "causes", "base", "exclude_faults")
@@ -72,8 +71,7 @@ def load_mix(spec: str) -> Mix:
     path = os.path.join(MIX_DIR, f"{spec}.yaml") if spec in preset_names() else spec
     if not os.path.exists(path):
         raise ConfigError(f"mix: {spec!r} is neither a preset ({', '.join(preset_names())}) nor a file")
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+    data = read_raw(path)  # a syntax error is one line naming the file, as for policies and monitors
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping with keys {list(KEYS)}")
     unknown = sorted(set(data) - set(KEYS))

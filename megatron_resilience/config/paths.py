@@ -121,6 +121,11 @@ def check_paths(config: Any, *, skip: Iterable[str] = ()) -> None:
             check_existing_file(key, getattr(config.data, key.split(".")[1]))
     if wanted("data.cache_dir"):
         check_writable_dir("data.cache_dir", config.data.cache_dir)
+    if wanted("logger.tensorboard_dir") and config.logger.tensorboard_dir is not None and config.run_dir:
+        check_writable_dir("logger.tensorboard_dir", config.logger.tensorboard_path(config.run_dir))
+    wandb = config.logger.wandb_project and config.logger.wandb_save_dir
+    if wanted("logger.wandb_save_dir") and wandb and config.run_dir:
+        check_writable_dir("logger.wandb_save_dir", config.logger.wandb_path(config.run_dir))
     tracker = config.rerun.result_rejected_tracker_filename
     if tracker and wanted("rerun.result_rejected_tracker_filename"):
         check_writable_dir("rerun.result_rejected_tracker_filename", os.path.dirname(os.path.abspath(tracker)))

@@ -184,7 +184,7 @@ def _parse_yaml(path: str, stamp: tuple[float, int]) -> Any:
         try:
             return yaml.load(f, Loader=loader)
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
 
 
 def read_raw(path: str) -> Any:

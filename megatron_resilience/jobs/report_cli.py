@@ -14,6 +14,8 @@ import json
 import os
 import sys
 
+from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.paths import check_writable_dir
 from megatron_resilience.jobs import attempt_throughput, report, report_scalars
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
@@ -77,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     if not is_run_dir(args.run_dir):
         print(not_a_run(args.run_dir), file=sys.stderr)
         return 2
+    if args.png not in (None, "none"):  # before the report is printed, not after
+        try:
+            check_writable_dir("--png", os.path.dirname(os.path.abspath(args.png)))
+        except ConfigError as err:
+            print(f"megatron_resilience report: {err} (the timeline PNG's folder; --png none leaves it out)",
+                  file=sys.stderr)
+            return 2
     run_report = report.build(args.run_dir)
     as_dict = run_report.to_dict()
     print(json.dumps(as_dict, indent=1, default=str) if args.json else report.format_report(run_report))

@@ -33,6 +33,11 @@ NEMO_RUN_FT_PARAM_FIELDS = (
 )
 
 
+# The oldest nvidia-resiliency-ext this package renders ft_launcher commands for and tests (0.4.1 here; the newest
+# lane runs 0.7.0): an older release spells its flags ``--ft-param-*`` and lacks section timeouts.
+NVRX_FLOOR = (0, 4)
+
+
 def nvrx_version_for_rendering(override: str | None) -> tuple[tuple[int, ...], str]:
     """The nvidia-resiliency-ext version the ft_launcher command is rendered for, and where it came from."""
     if override is not None:

@@ -20,6 +20,9 @@ fi
 STATE=${MR_SLURM_STATE_DIR:-/var/tmp/mr-slurm}
 CONF_DIR=${MR_SLURM_CONF_DIR:-/etc/slurm}  # client tools find it through SLURM_CONF (exported below)
 CLUSTER=${MR_SLURM_CLUSTER:-mrlocal}
+# Job ids of this instance start here: two instances on one machine never hand out the same id, so their jobs never
+# share a port block (config/ports.py derives a job's ports from its id, as on a real cluster where ids are unique).
+FIRST_JOB_ID=${MR_SLURM_FIRST_JOB_ID:-1}
 PARTITION=debug
 FAULT_PARTITION=faults
 NODES=${MR_SLURM_NODES:-1}

@@ -53,7 +53,7 @@ render() {
       @NODES@) node_lines ;;
       @CTLD_PORT_LINE@) ctld_port_line ;;
       @DBD_PORT_LINE@) "$2" ;;
-      *) line=${line//@STATE@/$STATE}; line=${line//@CLUSTER@/$CLUSTER}; line=${line//@PARTITION@/$PARTITION}
+      *) line=${line//@STATE@/$STATE}; line=${line//@CLUSTER@/$CLUSTER}; line=${line//@FIRST_JOB_ID@/$FIRST_JOB_ID}; line=${line//@PARTITION@/$PARTITION}
          line=${line//@DB_PORT@/$DB_PORT}; line=${line//@DB_PASS@/$DB_PASS}; line=${line//@LAYOUT@/$layout}
          line=${line//@NODE_DIR@/$node_dir}; line=${line//@NODE_SUFFIX@/$node_suffix}
          printf '%s\n' "$line" ;;
