@@ -126,6 +126,26 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.25, what: str) 
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def ranks_catching(job: Job, ranks: int, signum: int = 15) -> bool:
+    """Whether the job's ``ranks`` rank processes on this machine (the newest per rank: a restarted group's) all
+    catch ``signum`` (``SigCgt`` in ``/proc/PID/status``): their handler is installed, so a signal now is handled
+    by every rank, never a default death during imports."""
+    from megatron_resilience.chaos.on_node import rank_processes
+
+    found = rank_processes(job.slurm_id, None)
+    if len(found) != ranks:
+        return False
+    for proc in found:
+        try:
+            with open(f"/proc/{proc['pid']}/status", encoding="ascii") as f:
+                caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+        except (OSError, StopIteration, ValueError):
+            return False
+        if not caught >> (signum - 1) & 1:
+            return False
+    return True
+
+
 def scancel_signal(job: Job, signal: str = "SIGTERM") -> float:
     """``scancel -s SIG``: Slurm signals the job's steps (not the batch shell), like ``--signal`` without ``B:``."""
     subprocess.run(["scancel", "-s", signal, job.slurm_id], check=True, capture_output=True)
