@@ -52,18 +52,27 @@ def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[A
         for node in w.decision.get("exclude_applied") or []:
             if node not in applied:
                 applied.append(node)
+    # An absorbed fault is counted apart, never as classified: its own classification is unknown (the cycle ended
+    # once, named for another fault), so a misclassification cannot hide among them.
     return {"injections": rows, "by_fault": kinds, "excluded_nodes": applied,
-            "all_classified": all(r["match"] or r["absorbed_by"] for r in rows),
-            "absorbed": sum(1 for r in rows if r["absorbed_by"])}
+            "all_classified": all(r["match"] for r in rows),
+            "as_expected": sum(1 for r in rows if r["match"]),
+            "absorbed": sum(1 for r in rows if r["absorbed_by"]),
+            "as_another": sum(1 for r in rows if r["classified"] is not None and not r["match"]),
+            "not_done": sum(1 for r in rows if not r["done"])}
 
 
 def format_injected(summary: dict[str, Any]) -> list[str]:
     if not summary["injections"]:
         return []
     absorbed = summary.get("absorbed") or 0
+    counts = [f"{summary.get('as_expected', 0)} classified as injected"]
+    counts += [f"{summary['as_another']} as another type"] if summary.get("as_another") else []
+    counts += [f"{absorbed} absorbed by a fault that landed before they were noticed (counted apart)"] \
+        if absorbed else []
+    counts += [f"{summary['not_done']} not done"] if summary.get("not_done") else []
     lines = [f"injected faults: {len(summary['injections'])} ({'all' if summary['all_classified'] else 'NOT all'} "
-             "classified as injected" + (f"; {absorbed} absorbed by a fault that landed before they were noticed"
-                                         if absorbed else "") + ")"]
+             f"classified as injected: {', '.join(counts)})"]
     for fault, k in sorted(summary["by_fault"].items()):
         seen = ", ".join(f"{name} x{n}" for name, n in sorted(k["as"].items()))
         lines.append(f"  {fault}: injected {k['injected']}, classified as expected {k['classified_as_expected']} "
