@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, Callable
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.runtime.distributed import DistInfo
@@ -279,7 +280,8 @@ def save_at_stop(ctx: TrainContext, reason: str, *, last_saved: int) -> str:
         with hooks.checkpoint_section():
             ckpt.finalize()
         record_durable_checkpoints(ctx)
-    except Exception:  # noqa: BLE001 - the stop stands; the next attempt resumes from the previous checkpoint
+    # CheckpointException (a write that failed on some rank, raised by the commit) is a BaseException in torch
+    except (Exception, CheckpointException):  # noqa: BLE001 - the stop stands; the next attempt resumes from before
         log.exception("checkpoint at the stop (step %d) failed; the next attempt resumes from step %s",
                       state.step, ckpt.latest_step)
         return "failed"
