@@ -104,6 +104,29 @@ def test_node_lost_without_a_spare_shrinks_to_one_node_and_grows_back(multinode_
     with use_cluster(cluster):  # SLURM_CONF: this cluster's, also for the accounting read by the assertions
         job, second_nodes = _play(cluster, task, policy, root, lost, busy)
         _check(job, cluster, second_nodes)
+    _compare_with_an_uninterrupted_run(job, task, root)
+
+
+def _compare_with_an_uninterrupted_run(job, task, root: str) -> None:
+    """Every step the chain trained (at DP 2, DP 1 after the shrink, DP 2 after the growth) against an uninterrupted
+    run of the same task at DP 2 (torchrun, 2 ranks on this machine): within the bound docs/elastic.md states."""
+    from conftest import read_metrics, run_torchrun
+    from test_elastic_reshard import LOSS_TOLERANCE
+
+    from megatron_resilience.config.overrides import config_to_overrides
+    from megatron_resilience.recipes import to_config
+
+    ref_dir = os.path.join(root, "reference")
+    own = ("run_dir=", "checkpoint.save=", "checkpoint.load=")
+    overrides = [o for o in config_to_overrides(to_config(task)) if not o.startswith(own)]
+    proc = run_torchrun(2, [f"run_dir={ref_dir}", f"checkpoint.save={ref_dir}/ckpt", *overrides], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    reference = {r["step"]: r["loss"] for r in read_metrics(ref_dir)}
+    chain = {r["step"]: r["loss"] for r in job.records() if r.get("kind") == "train"}  # the last run of each step
+    assert sorted(reference) == sorted(chain) == list(range(1, STEPS + 1))
+    worst = max(abs(chain[s] - reference[s]) for s in reference)
+    assert worst <= LOSS_TOLERANCE, (worst, {s: (chain[s], reference[s]) for s in reference
+                                             if abs(chain[s] - reference[s]) > LOSS_TOLERANCE})
 
 
 def _play(cluster, task, policy: str, root: str, lost: str, busy: str):
