@@ -1,9 +1,6 @@
-"""Read back what the dashboards wrote, with each tool's own reader: TensorBoard's event file loader, and the
-records of W&B's offline ``run-<id>.wandb`` files decoded with W&B's own protobuf messages.
-
-wandb 0.31 no longer ships a Python reader for its ``.wandb`` files (the Go ``wandb-core`` writes and syncs
-them); their framing is LevelDB's log format (a 7-byte ``:W&B`` header, then 32 KiB blocks of records, each
-with a 7-byte header: CRC-32C, length, type FULL/FIRST/MIDDLE/LAST), unpacked below in a few lines.
+"""Read back what the dashboards wrote, with each tool's own reader: TensorBoard's event file loader, and W&B's
+``wandb leet inspect --json`` for the offline ``run-<id>.wandb`` files (wandb 0.31 ships no Python reader; its Go
+reader checks each chunk's checksum and reports corrupt data, which fails the test).
 """
 
 from __future__ import annotations
@@ -11,7 +8,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
+import subprocess
+import sys
 import time
 
 
@@ -33,31 +31,6 @@ def read_tensorboard(logdir: str) -> dict[str, list[tuple[int, float | str]]]:
     return out
 
 
-def _wandb_records(path: str) -> list[bytes]:
-    data = open(path, "rb").read()
-    assert data[:4] == b":W&B", data[:7]
-    block, pos, pending, out = 32768, 7, b"", []
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if (_crc, length, kind) == (0, 0, 0):
-            pos += left
-            continue
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        if kind == 1:
-            out.append(chunk)
-        elif kind == 2:
-            pending = chunk
-        elif kind == 3:
-            pending += chunk
-        elif kind == 4:
-            out.append(pending + chunk)
-    return out
-
-
 def read_wandb_offline(save_dir: str, *, rows: int | None = None, timeout: float = 120.0) -> list[dict]:
     """Every offline run folder under ``save_dir/wandb`` in start order: {"id", "project", "name", "rows"}.
 
@@ -72,19 +45,23 @@ def read_wandb_offline(save_dir: str, *, rows: int | None = None, timeout: float
 
 
 def _read_wandb_offline(save_dir: str) -> list[dict]:
-    from wandb.proto import wandb_internal_pb2 as pb
-
     runs = []
     for path in sorted(glob.glob(os.path.join(save_dir, "wandb", "offline-run-*", "run-*.wandb"))):
         run = {"folder": os.path.basename(os.path.dirname(path)), "rows": []}
-        for raw in _wandb_records(path):
-            record = pb.Record()
-            record.ParseFromString(raw)
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                run.update(id=record.run.run_id, project=record.run.project, name=record.run.display_name)
-            elif kind == "history":
-                run["rows"].append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                    for item in record.history.item})
+        for record in wandb_records(path):
+            if record["type"] == "run":
+                run.update(id=record["run"].get("run_id"), project=record["run"].get("project"),
+                           name=record["run"].get("display_name"))
+            elif record["type"] == "history":
+                run["rows"].append(dict(record["history"].get("item") or {}))
         runs.append(run)
     return runs
+
+
+def wandb_records(path: str) -> list[dict]:
+    """The records of one ``.wandb`` file as W&B's own reader gives them (``wandb leet inspect --json``), which
+    checks every chunk's checksum: a corrupt chunk is an assertion error here, never a silently shorter run."""
+    wandb = os.path.join(os.path.dirname(sys.executable), "wandb")
+    proc = subprocess.run([wandb, "leet", "inspect", "--json", path], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "corrupt" not in proc.stdout + proc.stderr, (path, proc.stderr[-2000:])
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
