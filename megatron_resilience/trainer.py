@@ -257,6 +257,8 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     sink = dashboards.open_sink(config) if dist.rank == 0 else None
     metrics = MetricsLogger(config.run_dir, enabled=dist.rank == 0, max_steps=config.train.max_steps,
                             sinks=[sink] if sink else [])
+    for retry in sink.retries() if sink else []:
+        metrics.event("retry", **retry)
     if attempt["inprocess_restart"]:
         from megatron_resilience.resilience import inprocess
 

@@ -121,3 +121,8 @@ def test_wandb_offline_files_one_run_across_attempts(run):
             if "resilience/restart-resumed-from" in row} == {6: 4, 10: 8}
     assert {row["_step"] for row in rows if "lm loss validation" in row} == {4, 8, 12, 16}
     assert all(math.isfinite(row["iteration-time"]) for row in rows)
+    # every wandb.init tried again (the killed process's W&B service still held the run) is on record, none silent
+    retries = [r for r in requeue.records() if r["kind"] == "retry"]
+    assert {r["what"] for r in retries} <= {"wandb.init"}
+    held = "is still held by the previous process's W&B service"
+    assert len(retries) == requeue.log().count(held), retries

@@ -209,6 +209,7 @@ class Chaos:
         # timers start at the rank's first message; alone in its job, nothing else waits for it): a hang lands
         # once the ranks are past setup.
         hang = fault(item.fault).signal == "SIGSTOP"
+        tries: list[str] = []  # why each earlier try of this item was not done
         while True:
             if hang and not past_setup(self.cfg.run_dir) and time.monotonic() < limit:
                 if self.chain_ended():
@@ -218,10 +219,15 @@ class Chaos:
                 continue
             record = self._try(item)
             if record.get("ok") or time.monotonic() >= limit or not _retryable(record):
+                record["retries"] = len(tries)
+                if tries:
+                    record["retry_reasons"] = sorted(set(tries))[:5]
                 if record.get("ok") and record.get("time"):
                     record["late_s"] = round(float(record["time"]) - due, 3)
                 self._commit(item, record)
                 return True
+            # tried again below: counted on the injection's own record (chaos_ledger.jsonl), never silent
+            tries.append(str(record.get("why") or record.get("output") or "")[:200])
             if self.chain_ended():
                 return False
             time.sleep(self.cfg.poll)
@@ -267,6 +273,8 @@ class Chaos:
         self.injected.append(record)
         what = f"rank {record.get('rank')} on {record.get('node')}" if spec.where == "rank" else record.get("node")
         late = f" ({record['late_s']:.1f} s after it came due)" if record.get("late_s") else ""
+        late += f" after {record['retries']} tries not done ({'; '.join(record['retry_reasons'])[:160]})" \
+            if record.get("retries") else ""
         outcome = "done" + late if record.get("ok") else f"NOT done: {record.get('why') or record.get('output')}"
         self.log(f"chaos: {item.index}: {spec.name} ({item.cause}) -> job {record.get('job_id')} {what}: {outcome}")
 

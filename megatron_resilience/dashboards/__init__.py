@@ -58,6 +58,10 @@ class DashboardSink:
         self.series = Series(flops_per_token=flops_per_token)
         self.writers = writers
 
+    def retries(self) -> list[dict[str, Any]]:
+        """The tries a writer made again on an error it waits out (``wandb.init`` while the run is in use)."""
+        return [r for w in self.writers.values() for r in getattr(w, "retries", [])]
+
     def write(self, record: dict[str, Any]) -> None:
         points = self.series.points(record)
         if not points:

@@ -67,12 +67,13 @@ def _settings(wandb: Any) -> Any:
 IN_USE_WAIT_S = 120.0  # how long a restart waits for the previous process's W&B service to let go of the run
 
 
-def _init_when_free(wandb: Any, **kwargs: Any) -> Any:
+def _init_when_free(wandb: Any, retries: list[dict[str, Any]], **kwargs: Any) -> Any:
     """``wandb.init``, waiting while the run id is still held by the W&B service of the process this one replaces.
 
     After an in-job restart a service that outlives the killed worker still holds the run for a moment:
     ``wandb.init(id=...)`` then raises "run ID ... is in use", which would turn a restart into a crash. Any other
-    error is raised at once."""
+    error is raised at once. Each try that failed is appended to ``retries`` (the trainer records them in
+    ``metrics.jsonl`` as ``retry`` records: a retry on error text is never silent)."""
     deadline = time.monotonic() + IN_USE_WAIT_S
     while True:
         try:
@@ -80,6 +81,7 @@ def _init_when_free(wandb: Any, **kwargs: Any) -> Any:
         except Exception as err:  # noqa: BLE001 - wandb's own error classes move between releases
             if "is in use" not in str(err) or time.monotonic() > deadline:
                 raise
+            retries.append({"what": "wandb.init", "why": str(err).splitlines()[0][:300], "time": time.time()})
             log.warning("wandb: run %s is still held by the previous process's W&B service; retrying in 2 s (%s)",
                         kwargs.get("id"), err)
             time.sleep(2.0)
@@ -95,7 +97,8 @@ class WandbRun:
         os.environ.pop("WANDB_SERVICE", None)
         os.makedirs(save_dir, exist_ok=True)
         self.run_id = stable_run_id(id_folder)
-        self.run = _init_when_free(wandb, project=project, entity=entity, name=name, id=self.run_id,
+        self.retries: list[dict[str, Any]] = []
+        self.run = _init_when_free(wandb, self.retries, project=project, entity=entity, name=name, id=self.run_id,
                                    resume="allow", dir=save_dir, config=config, settings=_settings(wandb))
         self.current = -1
 

@@ -31,6 +31,8 @@ Every JSON line has a ``kind``:
 - ``"end"``: ``step``, ``reason`` (as passed to ``hooks.on_exit``), ``exit_code``;
 - ``"straggler"``: a straggler report: ``step``, ``scores`` ({score name: {rank: score}}), ``stragglers``
   (ranks below the thresholds);
+- ``"retry"``: a call tried again on an error it waits out (``what``: ``wandb.init`` while the run id is still
+  in use by the previous process's W&B service; ``why``, ``time``): none on a quiet run;
 - other kinds written through :meth:`MetricsLogger.event`.
 
 Floats are written with ``repr`` precision (``json`` round-trips them exactly), so

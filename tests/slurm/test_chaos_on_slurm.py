@@ -72,6 +72,17 @@ def test_every_injected_fault_is_classified_as_its_kind_and_the_failed_node_is_e
     assert kinds == ["job", "preemption", "process"]  # in-job restart, requeue after a save, requeue after NODE_FAIL
 
 
+def test_every_try_chaos_made_again_is_on_record(short):
+    """A fault chaos could not carry out at once (its target between attempts, Slurm not answering) is tried again;
+    each injection record counts its earlier tries, and chaos's log says so for each: none is silent."""
+    with open(os.path.join(short["run"]["run_dir"], "chaos_ledger.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    injections = [r for r in records if r.get("kind") == "injection"]
+    assert len(injections) == 3 and all(isinstance(r["retries"], int) for r in injections), injections
+    assert short["chaos_log"].count(" tries not done (") == sum(1 for r in injections if r["retries"]), \
+        short["chaos_log"]
+
+
 def test_the_buckets_sum_to_slurms_allocation(short):
     run = short["run"]
     acc = run["report"]["accounting"]
