@@ -26,6 +26,7 @@ from megatron_resilience.dashboards import check_installed
 from megatron_resilience.resilience import build_hooks
 from megatron_resilience.resilience.cloud_notice import start_poller
 from megatron_resilience.resilience.preemption import install_at_process_start
+from megatron_resilience.runtime import model_shape
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
 from megatron_resilience.runtime.setup_timeline import SetupTimeline
@@ -89,6 +90,7 @@ def run_pretraining(config: PretrainConfig) -> None:
     try:  # before torch loads: a bad folder or job size fails here, in seconds, not at the first save
         config.validate_world_size(world_size)
         check_paths(config)
+        model_shape.check_resume(config)  # another model shape than the checkpoint's: named now, not at the load
         notes = check_installed(config)
     except ConfigError as err:
         raise SystemExit(f"megatron_resilience: {err}") from None

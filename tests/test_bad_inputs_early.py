@@ -77,3 +77,23 @@ def test_report_png_into_a_folder_nobody_can_write_fails_before_the_report(tmp_p
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith("megatron_resilience report: --png: must be a writable directory, got '/proc' ")
     assert errors[0].endswith("(the timeline PNG's folder; --png none leaves it out)")
+
+
+def test_a_resume_with_another_model_shape_names_the_key_before_torch_loads(tmp_path):
+    """Checkpoints saved at hidden 64, a resume asked at 128: one line naming the key, both values and the folder,
+    from the trainer's first checks (no torch import, no traceback, the checkpoints called valid)."""
+    ckpt = tmp_path / "ckpt"
+    first = _module(["megatron_resilience", f"run_dir={tmp_path}", f"checkpoint.save={ckpt}", "train.max_steps=2",
+                     "checkpoint.save_interval=2"], timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = ckpt / "iter_0000002"
+    assert '"hidden_size": 64' in (saved / "model_shape.json").read_text()
+    proc = _module(["megatron_resilience", f"run_dir={tmp_path}", f"checkpoint.save={ckpt}", "train.max_steps=4",
+                    "model.hidden_size=128", "model.ffn_hidden_size=256"])
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[-1] == (f"megatron_resilience: model.hidden_size: must be 64 to resume from {saved} (the model it "
+                         "holds), got 128. To train another shape, give it its own checkpoint.save folder; the "
+                         "checkpoints there are valid, keep them")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported

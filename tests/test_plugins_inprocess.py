@@ -119,8 +119,8 @@ def test_without_the_new_fields_nothing_changes_for_another_trainers_converter(t
 
 
 @pytest.mark.parametrize("kwargs, nodes, message", [
-    ({"inprocess_restart": True, "nvrx_version": "0.3"}, 2,
-     "FaultTolerancePlugin.inprocess_restart: needs nvidia-resiliency-ext >= 0.4 (ft_launcher's --ft-restart-policy"),
+    ({"inprocess_restart": True, "nvrx_version": "0.3"}, 2,  # below the plugin's floor: refused at construction
+     "FaultTolerancePlugin.nvrx_version: must be a version string from '0.4' on"),
     ({"inprocess_restart": True, "step_timeout": 60.0}, 2,
      "FaultTolerancePlugin.step_timeout: must be > inprocess.hard_timeout=90 with inprocess_restart (ft_launcher would "
      "end as hung a rank that the in-process restart recovers), got 60"),

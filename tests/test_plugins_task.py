@@ -232,7 +232,6 @@ def test_ft_yaml_is_loaded_by_nvidia_resiliency_ext(tmp_path):
 
 @pytest.mark.parametrize("version, env, cli_fields", [
     # (every release: the job's own port block, MEGATRON_RESILIENCE_JOB_PORT)
-    ("0.3", ["PET_FAULT_TOL_CFG_PATH", "MEGATRON_RESILIENCE_JOB_PORT"], None),  # --ft-param-* only: all in the YAML
     ("0.4.1", ["PET_FT_CFG_PATH", "MEGATRON_RESILIENCE_JOB_PORT"], 5.0),
     ("0.7", ["PET_FT_CFG_PATH", "MEGATRON_RESILIENCE_JOB_PORT"], 5.0),  # 0.7: no-restart code to the job-level config
 ])

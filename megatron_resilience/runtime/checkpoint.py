@@ -11,14 +11,12 @@ The training loop uses one :class:`CheckpointManager`::
     for record in ckpt.take_durable(): ... # what became durable: step, start/durable times, bytes
     ckpt.finalize()                        # before exit: wait for pending async saves
 
-Why the care: a job can die at any instant (preemption, a killed rank, a wall
-time limit), including in the middle of a save. A save therefore writes
-``iter_N.tmp``, all ranks finish and meet at a barrier, and only then rank 0
-renames it to ``iter_N`` and rewrites the tracker file (see
-:mod:`checkpoint_layout`). Resume never trusts the tracker alone: it scans the
-``iter_*`` directories, checks each one, skips incomplete or unreadable ones
-with a warning naming them, and falls back to the previous complete one; rank
-0 decides and broadcasts, so all ranks load the same checkpoint.
+Why the care: a job can die at any instant (preemption, a killed rank, a wall time limit), including in the
+middle of a save. A save therefore writes ``iter_N.tmp``, all ranks finish and meet at a barrier, and only then
+rank 0 renames it to ``iter_N`` and rewrites the tracker file (see :mod:`checkpoint_layout`). Resume never trusts
+the tracker alone: it scans the ``iter_*`` directories, checks each one, skips incomplete or unreadable ones
+with a warning naming them, and falls back to the previous complete one; rank 0 decides and broadcasts, so all
+ranks load the same checkpoint.
 
 Nothing slow stands between a save request and a durable checkpoint: the
 save path's imports and dist_checkpointing's write-results queue are set up
@@ -120,6 +118,8 @@ def _all_ok(ok: bool) -> bool:
 class CheckpointManager:
     """Saves and restores a :class:`TrainState`; every method is collective (call it on all ranks)."""
 
+    model_shape: dict | None = None  # written into every checkpoint (runtime/model_shape.py; set by its builder)
+
     def __init__(self, config: CheckpointConfig, *, run_dir: str, max_steps: int | None = None,
                  resume_check: Callable[[dict | None, str], Any] | None = None) -> None:
         self.config = config
@@ -127,8 +127,8 @@ class CheckpointManager:
         # checkpoint.interval_policy=young_daly: the interval is chosen at restarts and after periodic saves
         self.interval = AdaptiveInterval(config, run_dir=run_dir, max_steps=max_steps) \
             if config.interval_policy == "young_daly" and config.save is not None else None
-        # Called with a checkpoint's saved layout and path before its tensors are read (reshard.check_resume);
-        # its ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
+        # Called with a checkpoint's saved layout and path before its tensors are read (reshard.check_resume); its
+        # ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
         self.resume_check = resume_check
         self.best = layout.BestCheckpoints(config.save, config.keep_best) if config.keep_best else None
         if self.best is not None and self.best.stale and _rank() == 0:
@@ -355,7 +355,7 @@ class CheckpointManager:
         final, nbytes = os.path.join(root, layout.iter_dir_name(step)), None
         best = self.best.commit(step) if self.best is not None else None  # every rank ranks it the same way
         if _rank() == 0:  # a best checkpoint's loss goes inside it before the rename: see BestCheckpoints
-            final = layout.commit(root, save.tmp, step, best=best)
+            final = layout.commit(root, save.tmp, step, best=best, shape=self.model_shape)
             nbytes = layout.directory_bytes(final)
             layout.remove_stale_tmp(root)
             if best is not None:

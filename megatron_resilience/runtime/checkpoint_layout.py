@@ -187,7 +187,8 @@ def apply_retention(root: str, keep_last_n: int, *, just_saved: int, protected: 
     return removed
 
 
-def commit(root: str, tmp_path: str, step: int, *, best: dict | None = None) -> str:
+def commit(root: str, tmp_path: str, step: int, *, best: dict | None = None,
+           shape: dict | None = None) -> str:
     """Make the finished save in ``tmp_path`` visible as ``iter_N`` and point the tracker at it.
 
     Order matters for crash safety: [best mark] -> rename (atomic) -> fsync -> tracker. When
@@ -196,9 +197,12 @@ def commit(root: str, tmp_path: str, step: int, *, best: dict | None = None) -> 
     :func:`remove_stale_tmp` cleans, and the previous checkpoint is used.
     ``best`` (``checkpoint.keep_best``: the entry :meth:`BestCheckpoints.commit` returned) is written into the
     folder before the rename, so the checkpoint and its rank among the best become visible in one atomic step.
+    ``shape``: the model's shape (``runtime/model_shape.py``), written inside it the same way.
     """
     if best is not None:
         write_best_mark(tmp_path, best)
+    if shape is not None:
+        atomic_write_text(os.path.join(tmp_path, "model_shape.json"), json.dumps(shape, sort_keys=True) + "\n")
     final = os.path.join(root, iter_dir_name(step))
     aside = None
     if os.path.exists(final):

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from megatron_resilience.config import PretrainConfig
-from megatron_resilience.runtime import checkpoint_state
+from megatron_resilience.runtime import checkpoint_state, model_shape
 from megatron_resilience.runtime.checkpoint import CheckpointManager, _all_ok
 from megatron_resilience.runtime.state import TrainState
 from megatron_resilience.upstream import nvrx_local_checkpoint as nvrx_local
@@ -296,6 +296,7 @@ def build_checkpoints(config: PretrainConfig, *, dist, resume_check=None) -> Tie
 
     persistent = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps,
                                    resume_check=resume_check)
+    persistent.model_shape = model_shape.of(config.model)
     local = None
     if config.checkpoint.local_dir is not None:
         local = LocalTier(config, world=dist.world_size, tp=dist.tp, pp=dist.pp,

@@ -121,7 +121,9 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
    "python_exception",
    "nan_inf",
    "rerun_failed_validation",
-   "do_not_restart"
+   "do_not_restart",
+   "config_rejected",
+   "checkpoint_refused"
   ],
   "exclude_nodes_after": 2,
   "max_attempts_without_progress": 2,
@@ -144,7 +146,9 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
       "watchdog_timeout",
       "communication_error",
       "hang",
-      "cuda_hang"
+      "cuda_hang",
+      "port_in_use",
+      "store_unreachable"
      ]
     }
    },

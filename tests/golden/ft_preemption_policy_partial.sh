@@ -91,7 +91,9 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
    "python_exception",
    "nan_inf",
    "rerun_failed_validation",
-   "do_not_restart"
+   "do_not_restart",
+   "config_rejected",
+   "checkpoint_refused"
   ],
   "exclude_nodes_after": 2,
   "max_attempts_without_progress": 2,
@@ -114,7 +116,9 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
       "watchdog_timeout",
       "communication_error",
       "hang",
-      "cuda_hang"
+      "cuda_hang",
+      "port_in_use",
+      "store_unreachable"
      ]
     }
    },

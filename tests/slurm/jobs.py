@@ -147,9 +147,23 @@ def ranks_catching(job: Job, ranks: int, signum: int = 15) -> bool:
 
 
 def scancel_signal(job: Job, signal: str = "SIGTERM") -> float:
-    """``scancel -s SIG``: Slurm signals the job's steps (not the batch shell), like ``--signal`` without ``B:``."""
-    subprocess.run(["scancel", "-s", signal, job.slurm_id], check=True, capture_output=True)
-    return time.time()
+    """``scancel -s SIG``: Slurm signals the job's steps (not the batch shell), like ``--signal`` without ``B:``.
+
+    A request slurmctld never answered (its clients time out after MessageTimeout on a saturated machine) did not
+    reach the job: it is sent again, up to a minute, and each such try is printed (the test's output keeps it).
+    Any other failure is raised with scancel's own words."""
+    from megatron_resilience.chaos.runner import SLURM_UNANSWERED
+
+    deadline = time.monotonic() + 60
+    while True:
+        proc = subprocess.run(["scancel", "-s", signal, job.slurm_id], capture_output=True, text=True)
+        if proc.returncode == 0:
+            return time.time()
+        said = (proc.stdout + proc.stderr).strip()
+        if not any(s in said for s in SLURM_UNANSWERED) or time.monotonic() > deadline:
+            raise RuntimeError(f"scancel -s {signal} {job.slurm_id} failed (exit {proc.returncode}): {said}")
+        print(f"scancel -s {signal} {job.slurm_id}: slurmctld did not answer ({said}); sending it again", flush=True)
+        time.sleep(1.0)
 
 
 def signal_when_training(job: Job, sent: dict, after_step: int) -> None:
