@@ -24,7 +24,7 @@ from typing import Any, Callable, List, Literal, Optional
 
 from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.keys import key_listing
-from megatron_resilience.config.overrides import config_to_overrides
+from megatron_resilience.config.overrides import config_to_overrides, reject_repeated_keys
 from megatron_resilience.entry import pretrain
 from megatron_resilience.plugins.task_check import check_task
 from megatron_resilience.recipes.gpt import RECIPES, to_config
@@ -218,6 +218,8 @@ class PretrainRunContext(RunContext):
         run_args = [a[len("run."):] for a in args if a.startswith("run.")]
         task_args = [a for a in args if not a.startswith("run.")]
         try:
+            reject_repeated_keys(task_args)
+            reject_repeated_keys([f"run.{a}" for a in run_args])
             self.parse_args(run_args)
             self._execute_task(fn, task_args)
         except ConfigError as err:  # a user's mistake: one line, never nemo_run's "Unexpected error"

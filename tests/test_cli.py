@@ -102,6 +102,10 @@ def test_executor_factories_set_world_size_and_launcher(tmp_path):
      "Error: parallel: tensor_model_parallel_size * pipeline_model_parallel_size = 2 must divide the world "
      "size 3, got 2\n"),
     (["train.max_steps"], "Error: 'train.max_steps': expected key=value, e.g. train.max_steps=100\n"),
+    (["train.max_steps=3", "train.max_steps=2"],
+     "Error: train.max_steps: given twice on the command line ('3', then '2'); give it once\n"),
+    (["run.executor=local", "run.executor=slurm"],
+     "Error: run.executor: given twice on the command line ('local', then 'slurm'); give it once\n"),
 ])
 def test_bad_overrides_fail_with_a_clear_message(args, message, tmp_path):
     code, out, err = nemo("--factory", f"gpt_tiny(dir={tmp_path})", "--dryrun", *args)

@@ -93,6 +93,21 @@ def unknown_key_error(key: str) -> ConfigError:
     return ConfigError(f"{key}: unknown key; {hint}sections: {', '.join(hints)} ({KEY_LISTING})")
 
 
+def reject_repeated_keys(items: list[str], where: str = "the command line") -> None:
+    """A key typed twice (``train.max_steps=3 train.max_steps=2``) is an error naming it and both values, not a
+    silent last-one-wins. (The trainer's own argv is exempt: a plugin may append a setting it changes, and says so
+    in its log.)"""
+    seen: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            continue
+        key = canonical_key(key.strip().removeprefix("--"))
+        if key in seen:
+            raise ConfigError(f"{key}: given twice on {where} ({seen[key]!r}, then {value!r}); give it once")
+        seen[key] = value
+
+
 def parse_override(item: str) -> tuple[str, str | None, Any]:
     """One ``key=value`` string -> ``(section, field or None, typed value)``.
 
