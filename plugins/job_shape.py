@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
+from megatron_resilience.config._validate import check_int
 
 
 def ranks_per_node(executor: Any) -> int:
@@ -40,10 +41,11 @@ def check_ranks_per_node(executor: Any, config: PretrainConfig | None) -> None:
     if not gpus or not isinstance(gpus, int):
         return
     nodes, ranks = executor.nnodes(), ranks_per_node(executor)
-    if ranks == gpus:
-        return
     field = "executor.torchrun_nproc_per_node" if getattr(executor, "torchrun_nproc_per_node", None) else \
         "executor.ntasks_per_node"
+    check_int(field, ranks, minimum=1)  # a count that is no count is named first, as the Python API does
+    if ranks == gpus:
+        return
     problem = (f"executor.gpus_per_node: must equal the ranks per node ({field}={ranks}; one rank per GPU), "
                f"got {gpus}")
     if _fits(config, nodes * gpus) is None:

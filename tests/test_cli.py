@@ -200,3 +200,21 @@ def test_python_dash_m_runs_the_same_command_without_the_nemo_script(tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert config_lines(proc.stdout)["train.max_steps"] == "3"
+
+
+def test_no_ranks_per_node_is_named_first_and_worded_as_in_python(tmp_path):
+    """``executor.ntasks_per_node=0``: the CLI leads with that key (not with gpus_per_node), in the Python API's
+    words."""
+    from megatron_resilience.plugins import preview
+    from megatron_resilience.recipes import gpt_tiny
+    from megatron_resilience.upstream import import_nemo_run
+
+    run = import_nemo_run()
+    code, _, err = nemo("--factory", f"gpt_tiny(dir={tmp_path})", "--dryrun", "run.executor=slurm",
+                        "run.executor.account=a", "run.executor.ntasks_per_node=0")
+    executor = run.SlurmExecutor(account="a", partition="p", nodes=1, ntasks_per_node=0,
+                                 tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
+    with pytest.raises(Exception) as raised:
+        preview(gpt_tiny(dir=str(tmp_path)), executor=executor)
+    assert code == 1 and err == f"Error: {raised.value}\n" == "Error: executor.ntasks_per_node: must be an integer " \
+                                                              ">= 1, got 0\n"

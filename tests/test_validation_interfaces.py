@@ -71,9 +71,12 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def cli_slurm(tmp, *args: str, plugins: str = "resilience") -> tuple[int, str, str]:
-    return cli(f"run_dir={tmp}/run", "run.executor=slurm", "run.executor.account=acct",
-               "run.executor.partition=batch", "run.executor.nodes=1", "run.executor.ntasks_per_node=2",
-               "run.executor.gpus_per_node=null", f"run.plugins={plugins}", "--dryrun", *args)
+    """The CLI on a Slurm executor; a case's own ``key=value`` replaces the base's (a key given twice is an error)."""
+    base = [f"run_dir={tmp}/run", "run.executor=slurm", "run.executor.account=acct", "run.executor.partition=batch",
+            "run.executor.nodes=1", "run.executor.ntasks_per_node=2", "run.executor.gpus_per_node=null",
+            f"run.plugins={plugins}"]
+    given = {a.split("=", 1)[0] for a in args if "=" in a}
+    return cli(*[a for a in base if a.split("=", 1)[0] not in given], "--dryrun", *args)
 
 
 def assert_cli_rejects(result, message):
