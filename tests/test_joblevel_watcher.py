@@ -255,7 +255,11 @@ def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(
     thread = threading.Thread(target=lambda: result.update(code=main([cfg.run_dir, "--job-id", "77",
                                                                        "--interval", "0.2"])))
     thread.start()
-    time.sleep(1.5)
+    seen, deadline = "", time.monotonic() + 120  # the watcher says why it waits (however slow a loaded machine is)
+    while "waiting for the run's first attempt" not in seen and time.monotonic() < deadline:
+        time.sleep(0.1)
+        seen += capsys.readouterr().out
+    time.sleep(0.5)  # a few more polls: it keeps waiting, and says so once
     assert thread.is_alive() and ledger.records() == []
     # the first attempt starts (the batch script writes its config and attempt_start), trains and finishes
     with open(cfg.path, "w") as f:
@@ -267,7 +271,7 @@ def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(
     set_state(job=job("COMPLETED", ExitCode="0:0"), nodes={"n1": "idle"})
     thread.join(timeout=120)
     assert result == {"code": 0}
-    out = capsys.readouterr().out
+    out = seen + capsys.readouterr().out
     assert out.count("waiting for the run's first attempt: job 77 is PENDING (Priority)") == 1, out
     assert f"the run's first attempt started: watching with {cfg.path}" in out
     [attempt] = ledger.attempts()
