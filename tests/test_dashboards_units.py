@@ -244,9 +244,12 @@ def test_a_restart_waits_while_the_previous_processs_wandb_service_still_holds_t
             return "run"
 
     monkeypatch.setattr(wandb_run.time, "sleep", lambda s: None)
+    retries: list = []
     with caplog.at_level("WARNING", "megatron_resilience.dashboards.wandb_run"):
-        assert wandb_run._init_when_free(FakeWandb, id="abc123") == "run"
+        assert wandb_run._init_when_free(FakeWandb, retries, id="abc123") == "run"
     assert calls == ["abc123"] * 3
+    # each try made again is on record (the trainer writes them to metrics.jsonl as ``retry`` records)
+    assert [(r["what"], r["why"]) for r in retries] == [("wandb.init", "run ID abc123 is in use")] * 2
     assert [r.getMessage().split(";")[0] for r in caplog.records] == [
         "wandb: run abc123 is still held by the previous process's W&B service"] * 2
 
@@ -256,7 +259,7 @@ def test_a_restart_waits_while_the_previous_processs_wandb_service_still_holds_t
             raise RuntimeError("permission denied")
 
     with pytest.raises(RuntimeError, match="permission denied"):
-        wandb_run._init_when_free(Broken, id="abc123")
+        wandb_run._init_when_free(Broken, [], id="abc123")
 
 
 def test_the_wandb_reader_is_wandbs_own_and_refuses_a_corrupt_file(tmp_path):
@@ -273,8 +276,17 @@ def test_the_wandb_reader_is_wandbs_own_and_refuses_a_corrupt_file(tmp_path):
               "[run.log({'loss': 1.0 / (i + 1)}, step=i) for i in range(3)]\nrun.finish()\n")
     subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, timeout=300,
                    env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    [path] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
-    rows = [r["history"]["item"]["loss"] for r in wandb_records(path) if r["type"] == "history"]
+    import time
+
+    deadline = time.monotonic() + 120  # wandb-core writes the file in the background, also after finish()
+    while True:
+        found = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+        rows = [r["history"]["item"]["loss"] for r in wandb_records(found[0]) if r["type"] == "history"] \
+            if found else []
+        if len(rows) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    [path] = found
     assert rows == [1.0, 0.5, pytest.approx(1 / 3)]
     data = bytearray(open(path, "rb").read())
     data[data.index(b"loss", 600)] ^= 0x20

@@ -160,9 +160,14 @@ def scancel_signal(job: Job, signal: str = "SIGTERM") -> float:
         if proc.returncode == 0:
             return time.time()
         said = (proc.stdout + proc.stderr).strip()
-        if not any(s in said for s in SLURM_UNANSWERED) or time.monotonic() > deadline:
+        state = subprocess.run(["squeue", "-h", "-j", job.slurm_id, "-o", "%T"], capture_output=True,
+                               text=True).stdout.strip()
+        # seen under load: "Invalid job id specified" for a job squeue shows RUNNING; the signal never left
+        unanswered = any(s in said for s in SLURM_UNANSWERED) or ("Invalid job id" in said and state == "RUNNING")
+        if not unanswered or time.monotonic() > deadline:
             raise RuntimeError(f"scancel -s {signal} {job.slurm_id} failed (exit {proc.returncode}): {said}")
-        print(f"scancel -s {signal} {job.slurm_id}: slurmctld did not answer ({said}); sending it again", flush=True)
+        print(f"scancel -s {signal} {job.slurm_id}: not delivered ({said}; job {state}); sending it again",
+              flush=True)
         time.sleep(1.0)
 
 
