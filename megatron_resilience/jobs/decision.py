@@ -61,14 +61,8 @@ def _failures(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [a for a in history if (a.get("classification") or {}).get("mode") is not None]
 
 
-def _spent(history: list[dict[str, Any]], mode: str, current: dict[str, Any] | None = None) -> int:
-    """Restarts of ``mode`` spent since the run last made progress: a budget counts failures without progress, and
-    every attempt that advanced the checkpoint refills it. A weeks-long run meets hundreds of failures (Llama 3 405B:
-    466 in 54 days); a fixed count would end it within days although every attempt trained, while a restart loop
-    that trains nothing still runs out (and ``max_attempts_without_progress`` stops it first)."""
-    chain = history + ([current] if current is not None else [])
-    last = max((i for i, a in enumerate(chain) if made_progress(a)), default=-1)
-    return sum(1 for a in history[last + 1:] if (a.get("decision") or {}).get("spent") == mode)
+def _spent(history: list[dict[str, Any]], mode: str) -> int:
+    return sum(1 for a in history if (a.get("decision") or {}).get("spent") == mode)
 
 
 def made_progress(attempt: dict[str, Any]) -> bool | None:
@@ -168,7 +162,7 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
         return Decision("requeue", f"{kind}: requeued without spending a retry", budget_left=_left(policy, history))
     action, why = policy.action_for(kind, cls.subsystem, cls.signal, tuple(cls.monitors))
     mode = cls.mode or "crash"
-    left = _left(policy, history, current)
+    left = _left(policy, history)
     if action == "stop":
         return Decision("stop", f"{kind} is not restarted: {why}", final=True, outcome="stopped", budget_left=left)
     stuck = _without_progress(history, current)
@@ -179,8 +173,7 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
                         attempts_without_progress=stuck)
     if left[mode] <= 0:
         return Decision("stop", f"retry budget exhausted: {policy.max_restarts[mode]} of "
-                        f"{policy.max_restarts[mode]} {mode} restart(s) used since the run last advanced its "
-                        f"checkpoint ({kind}, policy {policy.name})",
+                        f"{policy.max_restarts[mode]} {mode} restart(s) used ({kind}, policy {policy.name})",
                         final=True, outcome="budget_exhausted", budget_left=left, attempts_without_progress=stuck)
     left[mode] -= 1
     decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck)
@@ -189,8 +182,8 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     return decision
 
 
-def _left(policy: Policy, history: list[dict[str, Any]], current: dict[str, Any] | None = None) -> dict[str, int]:
-    return {m: max(0, policy.max_restarts[m] - _spent(history, m, current)) for m in taxonomy.MODES}
+def _left(policy: Policy, history: list[dict[str, Any]]) -> dict[str, int]:
+    return {m: max(0, policy.max_restarts[m] - _spent(history, m)) for m in taxonomy.MODES}
 
 
 def decide_monitor_only(cls: Classification) -> Decision:
