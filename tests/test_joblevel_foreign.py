@@ -150,6 +150,9 @@ def test_translation_says_what_each_foreign_key_became(caplog, monkeypatch):
         "policies[0] (mode crash, SelectiveRestartPolicy).restart_reason: not used",
         "policies[1] (mode stall, AlwaysRestartPolicy) -> rule: requeue every stall, max_restarts.stall = 2",
         "policies[3] (mode success, NoRestartPolicy): a finished run always stops (no rule)",
+        "policies[*].max_retries keeps its number and takes this package's meaning: failures of the mode since the "
+        "run last advanced its checkpoint (an attempt that saved a newer checkpoint refills it), not failures over "
+        "the whole run; the same failure 3 times in a row without progress always stops",
     ):
         assert any(n.startswith(expected) for n in notes), (expected, notes)
     said = [r.getMessage() for r in caplog.records]

@@ -128,17 +128,17 @@ def test_plugin_rejects_bad_files_before_submission(tmp_path):
 
 # --- decisions over a chain of attempts -----------------------------------------------------------------------
 
-def cls(error_type: str, hosts=()) -> Classification:
+def cls(error_type: str, hosts=(), evidence=()) -> Classification:
     kind = taxonomy.BY_NAME[error_type]
     return Classification(error_type=error_type, subsystem=kind.subsystem, severity="fatal", mode=kind.mode,
-                          source="log", reason="", hosts=list(hosts))
+                          source="log", reason="", hosts=list(hosts), evidence=list(evidence))
 
 
 def chain(policy_name: str, endings: list[tuple[str, dict]], cluster: Cluster | None = None):
     """Decide attempt after attempt, recording each as the trap does; returns the decisions."""
     policy, history, out = load_policy(policy_name), [], []
     for error_type, extra in endings:
-        c = cls(error_type, extra.pop("hosts", ()))
+        c = cls(error_type, extra.pop("hosts", ()), extra.pop("evidence", ()))
         current = {"classification": c.to_dict(), "nodes": extra.pop("nodes", ["n1"]), **extra}
         d = decide(c, policy, history, current, cluster or Cluster(nodes=["n1", "n2", "n3"], partition="p"))
         out.append(d)
@@ -148,20 +148,71 @@ def chain(policy_name: str, endings: list[tuple[str, dict]], cluster: Cluster | 
     return out
 
 
-def test_budgets_are_counted_per_mode_over_the_whole_chain():
-    ok = {"checkpoint_step": 10, "resumed_from": 0}
-    decisions = chain("megatron_transient", [("nccl_timeout", dict(ok)), ("nccl_error", dict(ok)),
-                                             ("hang", dict(ok)), ("time_limit", dict(ok)), ("time_limit", dict(ok))])
+LONG_RUN_KINDS = ["node_fail", "xid_error", "nccl_timeout", "hang"]
+
+
+@pytest.mark.parametrize("policy", ["default", "megatron_transient", "megatron_aggressive"])
+def test_forty_failures_of_a_run_that_keeps_advancing_are_all_requeued(policy):
+    """A weeks-long run's chain (Llama 3 405B met 466 interruptions in 54 days): node failures, Xids, NCCL
+    timeouts and hangs, each attempt 500 steps further. Budgets count failures without progress, so none is
+    spent twice: counting every failure, the same chain stopped after 4 (default), 5 (transient), 9 (aggressive)."""
+    endings = [(kind, {"resumed_from": 500 * i, "checkpoint_step": 500 * (i + 1), "hosts": [f"n{i % 3 + 1}"],
+                       "evidence": [f"line {i} of {kind}"]})
+               for i, kind in enumerate(LONG_RUN_KINDS * 10)]
+    decisions = chain(policy, endings)
+    assert [d.action for d in decisions] == ["requeue"] * 40 and not any(d.final for d in decisions)
+    full = load_policy(policy).max_restarts
+    assert all(d.budget_left == {**full, d.spent: full[d.spent] - 1} for d in decisions), decisions
+    assert all(d.repeats_without_progress == 1 for d in decisions)
+
+
+@pytest.mark.parametrize("policy", ["default", "megatron_transient", "megatron_aggressive"])
+def test_the_same_failure_three_times_without_progress_stops_naming_it(policy):
+    """Recurrences are counted by fingerprint (type, node, first line with numbers masked): the watchdog's
+    timestamps and sequence numbers differ each time, the failure does not."""
+    line = "[rank0]:[E1128 10:0{i}:12.{i}] Watchdog caught collective operation timeout: SeqNum={i}{i}, Timeout=600000"
+    endings = [("nccl_timeout", {"resumed_from": 500, "checkpoint_step": 500, "hosts": ["n2"],
+                                 "evidence": [line.format(i=i)]}) for i in range(1, 6)]
+    decisions = chain(policy, endings)
+    assert [d.action for d in decisions] == ["requeue", "requeue", "stop"]
+    assert [d.repeats_without_progress for d in decisions] == [1, 2, 3]
+    assert decisions[-1].outcome == "no_progress"
+    assert decisions[-1].reason == (
+        "the same failure 3 times in a row without advancing the checkpoint: nccl_timeout @ n2: [rankN]:[EN N:N:N.N] "
+        "Watchdog caught collective operation timeout: SeqNum=N, Timeout=N")
+    assert decisions[-1].fingerprint in decisions[-1].reason  # the basis of the stop is on the ledger record
+
+
+def test_an_advance_resets_the_count_of_a_recurring_failure():
+    same = {"hosts": ["n2"], "evidence": ["NCCL watchdog timeout"]}
+    stuck, advanced = {"resumed_from": 500, "checkpoint_step": 500}, {"resumed_from": 500, "checkpoint_step": 700}
+    decisions = chain("megatron_aggressive", [("nccl_timeout", {**same, **stuck}), ("nccl_timeout", {**same, **stuck}),
+                                              ("nccl_timeout", {**same, **advanced}),
+                                              ("nccl_timeout", {**same, "resumed_from": 700, "checkpoint_step": 700})])
+    assert [(d.action, d.repeats_without_progress) for d in decisions] == [("requeue", 1), ("requeue", 2),
+                                                                          ("requeue", 1), ("requeue", 2)]
+
+
+def test_budgets_count_the_failures_since_the_last_progress_per_mode():
+    """Different failures with no progress seen (these attempts left no records) spend their mode's budget, and
+    nothing refills it; a mode that runs out ends the chain."""
+    decisions = chain("default", [("nccl_timeout", {}), ("hang", {}), ("watchdog_timeout", {})])
     assert [(d.action, d.spent, d.budget_left) for d in decisions] == [
-        ("requeue", "stall", {"crash": 3, "stall": 1, "timeout": 1}),
-        ("requeue", "crash", {"crash": 2, "stall": 1, "timeout": 1}),
-        ("requeue", "stall", {"crash": 2, "stall": 0, "timeout": 1}),
-        ("requeue", "timeout", {"crash": 2, "stall": 0, "timeout": 0}),
-        ("stop", None, {"crash": 2, "stall": 0, "timeout": 0}),
+        ("requeue", "stall", {"crash": 2, "stall": 1, "timeout": 2}),
+        ("requeue", "stall", {"crash": 2, "stall": 0, "timeout": 2}),
+        ("stop", None, {"crash": 2, "stall": 0, "timeout": 2}),
     ]
     assert decisions[-1].outcome == "budget_exhausted"
-    assert decisions[-1].reason == "retry budget exhausted: 1 of 1 timeout restart(s) used (time_limit, policy " \
-                                   "megatron_transient)"
+    assert decisions[-1].reason == ("retry budget exhausted: 2 of 2 stall restart(s) used since the run last "
+                                    "advanced its checkpoint (watchdog_timeout, policy default); last failure "
+                                    "watchdog_timeout @ -")
+    # the first failure after an advance is free again: the attempt that advanced refilled every budget
+    refilled = chain("default", [("nccl_timeout", {}), ("hang", {"resumed_from": 0, "checkpoint_step": 10}),
+                                 ("watchdog_timeout", {"resumed_from": 10, "checkpoint_step": 10})])
+    assert [d.budget_left["stall"] for d in refilled] == [1, 1, 1] and refilled[-1].action == "requeue"
+    # megatron_conservative asks for a person
+    exhausted = chain("megatron_conservative", [("node_fail", {}), ("node_fail", {})])
+    assert [d.action for d in exhausted] == ["requeue", "stop"] and exhausted[-1].outcome == "budget_exhausted"
 
 
 def test_preemptions_between_failures_spend_nothing():
@@ -172,13 +223,15 @@ def test_preemptions_between_failures_spend_nothing():
 
 
 def test_a_restart_loop_without_progress_stops():
-    # every restart resumes from the checkpoint at step 20 and dies before saving another
+    # every restart resumes from the checkpoint at step 20 and dies before saving another, a different way each time
     stuck = {"resumed_from": 20, "checkpoint_step": 20, "last_step": 24}
+    kinds = ["nccl_error", "hang", "nccl_error", "hang", "nccl_error", "hang"]
     decisions = chain("megatron_aggressive", [("nccl_error", {"resumed_from": 0, "checkpoint_step": 20,
-                                                              "last_step": 24})] + [("nccl_error", dict(stuck))] * 6)
+                                                              "last_step": 24})] + [(k, dict(stuck)) for k in kinds])
     assert [d.action for d in decisions] == ["requeue"] * 4 + ["stop"]
     assert decisions[-1].outcome == "no_progress" and decisions[-1].attempts_without_progress == 4
     assert "4 failed attempt(s) in a row did not advance the checkpoint" in decisions[-1].reason
+    assert decisions[-1].reason.endswith("last failure hang @ -")
 
 
 def test_repeated_hardware_errors_on_one_host_exclude_it_and_an_impossible_exclusion_is_not_applied():

@@ -273,15 +273,23 @@ def test_policy_nccl_timeout_is_requeued_then_finishes(tmp_path):
     assert [o["ok"] for o in ledger(job, "outcome")] == [True]
 
 
-def test_policy_budget_exhausted_ends_with_a_final_record_and_a_clear_message(tmp_path):
-    job = render(tmp_path, ft=True, policy="megatron_transient")  # 2 stall restarts
+def test_policy_stop_ends_with_a_final_record_and_a_clear_message(tmp_path):
+    """The same NCCL timeout three times, no attempt leaving a newer checkpoint: a loop, stopped naming the failure
+    (its fingerprint); the repeat rule decides before megatron_transient's stall budget (2, spent) is looked at."""
+    job = render(tmp_path, ft=True, policy="megatron_transient")
     got, outputs = run_attempts(job, "nccl nccl nccl nccl")
     assert got == [(1, REQUEUED), (1, REQUEUED), (1, [])]
-    assert [a["decision"]["budget_left"]["stall"] for a in ledger(job, "attempt")] == [1, 0, 0]
+    attempts = ledger(job, "attempt")
+    assert [a["decision"]["budget_left"]["stall"] for a in attempts] == [1, 0, 0]
+    assert [a["decision"]["repeats_without_progress"] for a in attempts] == [1, 2, 3]
     [final] = ledger(job, "final")
-    assert final["outcome"] == "budget_exhausted"
-    assert final["message"].startswith("NOT restarted after 3 attempt(s): retry budget exhausted: 2 of 2 stall "
-                                       "restart(s) used (nccl_timeout, policy megatron_transient)")
+    assert final["outcome"] == "no_progress"
+    assert final["message"].startswith(
+        "NOT restarted after 3 attempt(s): the same failure 3 times in a row without advancing the checkpoint: "
+        f"{attempts[-1]['decision']['fingerprint']}")
+    assert attempts[-1]["decision"]["fingerprint"] == (  # the corpus line, numbers masked, cut at 160 characters
+        "nccl_timeout @ localhost: [rankN]:[EN N:N:N.N ProcessGroupNCCL.cpp:N] [Rank N] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=N, OpType=_ALLGATHER_BASE, NumelIn=N, NumelOu")
     assert final["message"] in outputs[-1]
     # requeued by hand afterwards: the stopped run does not start again
     got, outputs = run_attempts(job, "nccl nccl nccl finish", restarts=[3])

@@ -11,6 +11,7 @@ ft_launcher's "do not restart" exit code and a person's ``scancel`` are honoured
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,13 @@ class Decision:
     exclude_applied: list[str] = field(default_factory=list)  # the job's whole ExcNodeList after this decision
     exclude_not_applied: str | None = None
     attempts_without_progress: int = 0
+    fingerprint: str | None = None  # the failure as recurrences are counted (see ``fingerprint``)
+    repeats_without_progress: int = 0  # this failure, counted back while no attempt advanced the checkpoint
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "action", "reason", "final", "outcome", "spent", "budget_left", "exclude_requested", "exclude_applied",
-            "exclude_not_applied", "attempts_without_progress")}
+            "exclude_not_applied", "attempts_without_progress", "fingerprint", "repeats_without_progress")}
 
     def message(self) -> str:
         text = f"{self.action}: {self.reason}"
@@ -61,8 +64,54 @@ def _failures(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [a for a in history if (a.get("classification") or {}).get("mode") is not None]
 
 
-def _spent(history: list[dict[str, Any]], mode: str) -> int:
-    return sum(1 for a in history if (a.get("decision") or {}).get("spent") == mode)
+# The same failure this many times in a row, no attempt between advancing the checkpoint: a loop, stopped under
+# every policy whatever its budget (nvidia-resiliency-ext's restart agent counts recurrences the same way).
+SAME_FAILURE_LIMIT = 3
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+def fingerprint(cls: Classification) -> str:
+    """What makes two failures "the same": error type, the node(s) or rank it points at, and its first evidence line
+    with every number masked (time stamps, pids, step counts, addresses differ between recurrences)."""
+    where = ",".join(sorted(cls.hosts)) or (f"rank {cls.fields['rank']}" if cls.fields.get("rank") else "-")
+    line = (cls.evidence[0] if cls.evidence else cls.reason or "").strip()
+    return f"{cls.error_type} @ {where}" + (f": {_NUMBER.sub('N', line)[:160]}" if line else "")
+
+
+def _since_progress(history: list[dict[str, Any]], current: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The attempts of ``history`` after the last one (``current`` included) that advanced the checkpoint."""
+    chain = history + ([current] if current is not None else [])
+    last = max((i for i, a in enumerate(chain) if made_progress(a)), default=-1)
+    return history[last + 1:]
+
+
+def _spent(history: list[dict[str, Any]], mode: str, current: dict[str, Any] | None = None) -> int:
+    """Restarts of ``mode`` spent since the run last advanced its checkpoint. A budget counts failures without
+    progress: a weeks-long run meets hundreds of failures (Llama 3 405B: 466 in 54 days) and a fixed count would
+    end it within days although every attempt trained; a loop that trains nothing still runs out."""
+    return sum(1 for a in _since_progress(history, current) if (a.get("decision") or {}).get("spent") == mode)
+
+
+def _repeats(history: list[dict[str, Any]], current: dict[str, Any], print_: str) -> int:
+    """How many times in a row this failure has happened with no advance in between: the current attempt, plus
+    each earlier one with the same fingerprint while the attempt after it did not advance the checkpoint (an
+    attempt with no records to judge by shows no advance)."""
+    count, later = 1, current
+    for earlier in reversed(history):
+        if made_progress(later) or _fingerprint_of(earlier) != print_:
+            break
+        count, later = count + 1, earlier
+    return count
+
+
+def _fingerprint_of(attempt: dict[str, Any]) -> str | None:
+    """An earlier attempt's fingerprint: as its decision recorded it, else (a ledger written before fingerprints)
+    from its classification; None for an attempt that was not a failure."""
+    recorded = (attempt.get("decision") or {}).get("fingerprint")
+    c = attempt.get("classification") or {}
+    if recorded or c.get("mode") is None:
+        return recorded
+    return fingerprint(Classification.from_dict(c))
 
 
 def made_progress(attempt: dict[str, Any]) -> bool | None:
@@ -162,28 +211,39 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
         return Decision("requeue", f"{kind}: requeued without spending a retry", budget_left=_left(policy, history))
     action, why = policy.action_for(kind, cls.subsystem, cls.signal, tuple(cls.monitors))
     mode = cls.mode or "crash"
-    left = _left(policy, history)
+    left = _left(policy, history, current)
+    print_ = fingerprint(cls)
+    repeats = _repeats(history, current, print_)
+    basis = dict(fingerprint=print_, repeats_without_progress=repeats)
     if action == "stop":
-        return Decision("stop", f"{kind} is not restarted: {why}", final=True, outcome="stopped", budget_left=left)
+        return Decision("stop", f"{kind} is not restarted: {why}", final=True, outcome="stopped", budget_left=left,
+                        **basis)
     stuck = _without_progress(history, current)
+    if repeats >= SAME_FAILURE_LIMIT:
+        return Decision("stop", f"the same failure {repeats} times in a row without advancing the checkpoint: "
+                        f"{print_}", final=True, outcome="no_progress", budget_left=left,
+                        attempts_without_progress=stuck, **basis)
     if policy.max_attempts_without_progress and stuck >= policy.max_attempts_without_progress:
         return Decision("stop", f"{stuck} failed attempt(s) in a row did not advance the checkpoint "
                         f"(max_attempts_without_progress={policy.max_attempts_without_progress}): a restart loop "
-                        "without progress", final=True, outcome="no_progress", budget_left=left,
-                        attempts_without_progress=stuck)
+                        f"without progress; last failure {print_}", final=True, outcome="no_progress",
+                        budget_left=left, attempts_without_progress=stuck, **basis)
     if left[mode] <= 0:
         return Decision("stop", f"retry budget exhausted: {policy.max_restarts[mode]} of "
-                        f"{policy.max_restarts[mode]} {mode} restart(s) used ({kind}, policy {policy.name})",
-                        final=True, outcome="budget_exhausted", budget_left=left, attempts_without_progress=stuck)
+                        f"{policy.max_restarts[mode]} {mode} restart(s) used since the run last advanced its "
+                        f"checkpoint ({kind}, policy {policy.name}); last failure {print_}",
+                        final=True, outcome="budget_exhausted", budget_left=left, attempts_without_progress=stuck,
+                        **basis)
     left[mode] -= 1
-    decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck)
+    decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck,
+                        **basis)
     _apply_exclusion(decision, _exclusions(policy, action, cls, history, current.get("nodes") or [], cluster),
                      history, current.get("nodes") or [], cluster, min_nodes=current.get("min_nodes"))
     return decision
 
 
-def _left(policy: Policy, history: list[dict[str, Any]]) -> dict[str, int]:
-    return {m: max(0, policy.max_restarts[m] - _spent(history, m)) for m in taxonomy.MODES}
+def _left(policy: Policy, history: list[dict[str, Any]], current: dict[str, Any] | None = None) -> dict[str, int]:
+    return {m: max(0, policy.max_restarts[m] - _spent(history, m, current)) for m in taxonomy.MODES}
 
 
 def decide_monitor_only(cls: Classification) -> Decision:

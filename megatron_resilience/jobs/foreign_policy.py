@@ -127,6 +127,9 @@ def translate(data: dict[str, Any], *, source: str) -> tuple[dict[str, Any], lis
             budgets[mode] = budgets[lender]
             notes.append(f"max_restarts.{mode} = {budgets[lender]}: the {lender} policy names {mode}-mode types "
                          f"and this package counts restarts per mode")
+    notes.append("policies[*].max_retries keeps its number and takes this package's meaning: failures of the mode "
+                 "since the run last advanced its checkpoint (an attempt that saved a newer checkpoint refills it), "
+                 "not failures over the whole run; the same failure 3 times in a row without progress always stops")
     name = os.path.splitext(os.path.basename(source))[0]
     return {"name": name, "description": f"translated from {source} (per-mode policies)",
             "max_restarts": {m: budgets.get(m, 0) for m in taxonomy.MODES}, "default_action": "stop",

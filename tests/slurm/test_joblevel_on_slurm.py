@@ -165,10 +165,15 @@ def test_rerun_exit_17_stops(jobs):
     assert job.attempts()[0]["ExitCode"] == "17:0"
 
 
-def test_rerun_exit_16_is_requeued_with_the_exclusion_recorded_and_the_budget_then_stops_it(jobs):
+def test_rerun_exit_16_is_requeued_with_the_exclusion_recorded_and_the_budget_counts_only_attempts_without_progress(
+        jobs):
+    """Megatron's rerun machine saves at the step before the suspicious one and exits 16, so an attempt that reaches
+    it usually advanced the checkpoint. The policy allows 1 crash restart *without progress*: every attempt that
+    advanced is requeued (its budget refilled), and the chain ends finished or, at a repeat without progress, stopped
+    with the basis on record. How many persistent errors Megatron injects (rate 8) is its own draw."""
     job = jobs["jobs"]["rerun_16"]
-    assert states(job) == ["REQUEUED", "FAILED"], job.describe()
-    first, second = ledger(job, "attempt")
+    attempts = ledger(job, "attempt")
+    first = attempts[0]
     d = first["decision"]
     assert (first["classification"]["error_type"], d["action"]) == ("rerun_resume", "requeue"), first
     assert d["exclude_requested"] == first["nodes"] and len(first["nodes"]) == 1, first
@@ -176,13 +181,21 @@ def test_rerun_exit_16_is_requeued_with_the_exclusion_recorded_and_the_budget_th
     if len(set(partition_nodes)) == 1:  # the only node: recorded, not applied, and the job was not stranded
         assert d["exclude_applied"] == [] and "would leave 0 usable node(s)" in d["exclude_not_applied"], d
     else:
-        assert d["exclude_applied"] == first["nodes"] and first["nodes"] != second["nodes"], d
-    assert (second["classification"]["error_type"], second["decision"]["outcome"]) == ("rerun_resume",
-                                                                                     "budget_exhausted")
+        assert d["exclude_applied"] == first["nodes"] and first["nodes"] != attempts[1]["nodes"], d
+    failed = [a for a in attempts if a["classification"]["error_type"] == "rerun_resume"]
+    advanced = [a for a in failed if (a["checkpoint_step"] or 0) > (a["resumed_from"] or 0)]
+    assert all(a["decision"]["action"] == "requeue" and a["decision"]["budget_left"]["crash"] == 0
+               for a in advanced), attempts  # the 1-restart budget, spent and refilled each time
     [final] = ledger(job, "final")
-    assert final["message"] == ("NOT restarted after 2 attempt(s): retry budget exhausted: 1 of 1 crash restart(s) "
-                                "used (rerun_resume, policy one_crash_restart) (last ending: rerun_resume, last step "
-                                f"{second['last_step']}, newest checkpoint {second['checkpoint_step']})"), final
+    last = attempts[-1]
+    if last["classification"]["error_type"] == "finished":
+        assert states(job) == ["REQUEUED"] * (len(attempts) - 1) + ["COMPLETED"], job.describe()
+        assert final["outcome"] == "finished" and last["last_step"] == 12, final
+    else:  # stopped: the last attempt did not advance, and the final message names why
+        assert states(job) == ["REQUEUED"] * (len(attempts) - 1) + ["FAILED"], job.describe()
+        assert last not in advanced and final["outcome"] in ("budget_exhausted", "no_progress"), final
+        assert last["decision"]["fingerprint"].startswith("rerun_resume @ "), last
+        assert final["message"].startswith(f"NOT restarted after {len(attempts)} attempt(s): "), final
     assert final["message"] in job.log()  # the batch script said it
 
 
