@@ -212,6 +212,12 @@ CASES = {
         expect={"error_type": "python_exception", "source": "log",
                 "fields": {"exception": "KeyError", "rank": "1"}},
         decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "xid_handled_and_application_xids_leave_the_exception_deciding": case(  # Xid 63 (row remapped: handled)
+        # on nid002 and Xid 31 (a page fault: usually the application's) on nid001 beside a rank's KeyError
+        "xid_handled_then_exception.log", exit_code=1, nodes=NIDS[:2],
+        expect={"error_type": "python_exception", "source": "log", "hosts": ["nid001"],
+                "fields": {"exception": "KeyError", "rank": "1"}},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
     "store_port_in_use": case(  # rank 0's TCPStore could not bind MASTER_PORT (seen under a crowded test run)
         "store_port_in_use.log", exit_code=1,
         expect={"error_type": "communication_error", "source": "log", "fields": {"port": "45011"}},

@@ -67,6 +67,7 @@ def test_quoted_real_line(item):
     found = strongest([line])
     assert found is not None, f"no monitor matches: {line}"
     assert (found.monitor, found.error_type) == (expect["monitor"], expect["error_type"]), (found, line)
+    assert found.severity == expect.get("severity", found.severity), (found, line)  # Xids: by code
     for key, value in (expect.get("fields") or {}).items():
         assert found.fields.get(key) == value, (key, found.fields, line)
 

@@ -377,3 +377,27 @@ def test_slurm_step_states_are_evidence_of_this_attempt_only():
     assert all((s.monitor, s.severity, s.source) == ("slurm_step_state", "fatal", "slurm") for s in found)
     cls = classify(AttemptEvidence(exit_code=137, slurm_state="RUNNING", signals=found[:1]))
     assert (cls.error_type, cls.mode) == ("cpu_oom", "crash")
+
+
+# --- Xid codes (jobs/xid_codes.py, from NVIDIA's Xid catalog) -------------------------------------------------------
+
+@pytest.mark.parametrize("code, severity, points_at, host_role", [
+    ("63", "info", "handled", "reporter"),  # row remapping recorded: the driver handled it
+    ("64", "warning", "machine", "hardware"),  # a retirement that could not be recorded: the machine, not fatal
+    ("31", "warning", "application", "reporter"),  # a page fault: usually the application's
+    ("79", "fatal", "machine", "hardware"),  # fell off the bus
+    ("95", "fatal", "machine", "hardware"),  # uncontained ECC error
+    ("999", "fatal", "machine", "hardware"),  # not in the table: read as every Xid was before it
+])
+def test_an_xid_line_takes_its_codes_severity_and_blames_its_node_only_for_the_machine(code, severity, points_at,
+                                                                                       host_role):
+    from megatron_resilience.jobs.attribution import mentions
+    from megatron_resilience.jobs.monitors import load_monitors, scan
+    from megatron_resilience.jobs.xid_codes import xid_code
+
+    line = f"nid002: [  219.470994] NVRM: Xid (PCI:0000:07:00): {code}, pid=1896, an event"
+    [signal] = [s for s in scan([("log", line)], load_monitors(["megatron_nccl"])) if s.monitor == "xid_kernel"]
+    assert (signal.error_type, signal.severity, signal.fields["xid"], signal.fields["xid_points_at"]) == (
+        "xid_error", severity, code, points_at)
+    assert signal.fields["xid_meaning"] == xid_code(code).meaning
+    assert [(m.node, m.role) for m in mentions([signal], ["nid001", "nid002"])] == [("nid002", host_role)]

@@ -140,8 +140,8 @@ def _mention(s: Signal, group: str, host: str, root: RootCause | None, srun_firs
         role = "failed"
     elif group in ("peer", "batch_host"):
         role = group
-    elif s.error_type in HARDWARE_LINES:
-        role = "hardware"
+    elif s.error_type in HARDWARE_LINES and s.fields.get("xid_points_at", "machine") == "machine":
+        role = "hardware"  # an Xid the driver handled or the application caused names its host only as reporter
     elif s.monitor in RANK_FAILURE_MONITORS:  # the launcher's root (above), else srun's first task line
         role = "first_failure" if (root is None or not root.host) and s is srun_first else "failed_rank"
     elif s.error_type == "hang":

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config._validate import ConfigError
-from megatron_resilience.jobs import foreign_monitors, taxonomy, vocabulary
+from megatron_resilience.jobs import foreign_monitors, taxonomy, vocabulary, xid_codes
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "monitors")
 ALWAYS_ON = "_slurm"
@@ -297,7 +297,12 @@ def scan(lines: list[tuple[str, str]], monitors: list[Monitor]) -> list[Signal]:
             if fields is None:
                 continue
             kind = taxonomy.BY_NAME[monitor.error_type]
+            severity = monitor.severity
+            if fields.get("xid"):  # an Xid code: its own severity, and whether it points at the machine
+                code = xid_codes.xid_code(fields["xid"])
+                severity = code.severity
+                fields = {**fields, "xid_meaning": code.meaning, "xid_points_at": code.points_at}
             signals.append(Signal(monitor=monitor.name, error_type=monitor.error_type,
-                                  subsystem=monitor.subsystem or kind.subsystem, severity=monitor.severity,
+                                  subsystem=monitor.subsystem or kind.subsystem, severity=severity,
                                   line=line.strip()[:500], source=source, fields=fields))
     return signals

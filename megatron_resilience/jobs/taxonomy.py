@@ -49,7 +49,8 @@ ERROR_TYPES: tuple[ErrorType, ...] = (
     ErrorType("rerun_resume", "crash", "numerics",
               "Megatron's rerun state machine asks to resume on different hardware (exit 16)"),
     # Hardware: most specific first, they explain the NCCL/CUDA errors that follow them.
-    ErrorType("xid_error", "crash", "gpu", "NVIDIA driver Xid error (GPU fell off the bus, page retirement, ...)"),
+    ErrorType("xid_error", "crash", "gpu", "NVIDIA driver Xid error that points at the GPU or node (fell off "
+              "the bus, uncorrectable ECC, NVLink, GSP; jobs/xid_codes.py)"),
     ErrorType("ecc_error", "crash", "gpu", "uncorrectable ECC error"),
     ErrorType("node_fail", "crash", "node", "Slurm NODE_FAIL: a node of the job stopped responding"),
     ErrorType("batch_lost", "crash", "node",
