@@ -218,6 +218,17 @@ CASES = {
         expect={"error_type": "python_exception", "source": "log", "hosts": ["nid001"],
                 "fields": {"exception": "KeyError", "rank": "1"}},
         decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    # the root cause is the first failure in time (jobs/time_order.py): no launcher line here, only srun's
+    "bug_then_a_peers_watchdog_timeout_is_the_bug": case(  # rank 9 raises a ValueError and exits; 10 minutes
+        # later rank 0's NCCL watchdog times out and aborts: the timeout follows the bug, whatever its type
+        "bug_then_peer_watchdog_multinode_step.log", exit_code=1, nodes=NIDS[:2],
+        expect={"error_type": "python_exception", "source": "log", "hosts": ["nid002"],
+                "fields": {"exception": "ValueError", "rank": "9"}},
+        decisions=("requeue", "stop", "requeue", "stop", "requeue")),
+    "watchdog_timeout_then_a_teardown_exception_is_the_timeout": case(  # the mirror: the exception came after
+        "watchdog_then_teardown_exception_multinode_step.log", exit_code=1, nodes=NIDS[:2],
+        expect={"error_type": "nccl_timeout", "source": "log", "hosts": ["nid001"]},
+        decisions=("requeue", "requeue", "x:nid001", "stop", "requeue")),
     "store_port_in_use": case(  # rank 0's TCPStore could not bind MASTER_PORT (seen under a crowded test run)
         "store_port_in_use.log", exit_code=1,
         expect={"error_type": "communication_error", "source": "log", "fields": {"port": "45011"}},

@@ -19,7 +19,7 @@ import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.jobs import taxonomy, time_order
 from megatron_resilience.jobs.monitors import Signal
 from megatron_resilience.jobs.root_cause import RootCause, first_failure, split_consequences
 
@@ -173,9 +173,11 @@ def classify(evidence: AttemptEvidence) -> Classification:
 
     # the launcher's first failed rank: its peers' communication errors follow from it
     root = first_failure(sigs, evidence.nodes, evidence.ranks_per_node)
+    # a cancel line was weighed above against Slurm's record; "killed" lines only name the signal
+    failures = [s for s in sigs if s.severity in ("fatal", "error") and s.error_type not in ("killed", "user_cancel")]
+    after_a_failure = [id(s) for s in time_order.later_symptoms(failures)]  # a peer's symptom of an earlier failure
     for severity in ("fatal", "error"):
-        # a cancel line was weighed above against Slurm's record; "killed" lines only name the signal
-        deciding = [s for s in sigs if s.severity == severity and s.error_type not in ("killed", "user_cancel")]
+        deciding = [s for s in failures if s.severity == severity and id(s) not in after_a_failure]
         deciding = split_consequences(deciding, root)
         if deciding:
             best = min(deciding, key=lambda s: taxonomy.rank(s.error_type))

@@ -98,7 +98,8 @@ class Signal:
     subsystem: str
     severity: str
     line: str
-    source: str  # "log:<file>:<line no>", "slurm", "stop_reason", "exit_code", "metrics", "cycle_info"
+    # "log:<file>" (one file's signals come in line order), "slurm", "stop_reason", "exit_code", "metrics", "cycle_info"
+    source: str
     fields: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
