@@ -1,10 +1,5 @@
 """Megatron-Bridge users' launches, judged by Megatron-Bridge's own code (megatron-bridge 0.6.2's wheel).
 
-* Bridge's own plugin unit tests (``tests/peer_suites/bridge_run_plugins_v0_6.py``, verbatim) run against
-  Bridge's real plugins (all pass: the suite is real) and against ours, twice: as written (their executors
-  are ``MagicMock`` objects, which ours reject before anything is submitted) and with their mocks replaced
-  by real NeMo-Run objects. Every test either passes on ours or is in :data:`KNOWN_DIFFERENCES` with the
-  reason, which ``docs/migration.md`` states too.
 * The Hydra overrides our plugins append to a Bridge script are applied by Bridge's own parser
   (``training/utils/omegaconf_utils.process_config_with_overrides``) to a recipe's ``ConfigContainer``
   with ``ft`` None (every recipe) and with ``ft`` set; Bridge's own default overrides fail on the first.
@@ -19,9 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import types
-import unittest.mock as um
-from importlib import util as importlib_util
 
 import fiddle as fdl
 import peer_standins as ps
@@ -32,127 +24,39 @@ from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()
 
-import megatron_resilience.plugins as ours  # noqa: E402
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
 
-SUITE = os.path.join(os.path.dirname(__file__), "peer_suites", "bridge_run_plugins_v0_6.py")
-OURS = ("FaultTolerancePlugin", "PreemptionPlugin", "FaultTolerancePluginScriptArgs", "PreemptionPluginScriptArgs")
-CLASSES = ("TestPreemptionPlugin", "TestFaultTolerancePlugin")  # the suite's tests of the two plugins we provide
+# --- Bridge's real plugins and ours, on the same real NeMo-Run objects -------------------------------------------
+
 DOC = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "migration.md")
 
-# test -> (why ours differs, a phrase docs/migration.md carries for it)
-AS_WRITTEN = "MagicMock"
-KNOWN_DIFFERENCES = {
-    "TestPreemptionPlugin::test_setup_with_script_task": (
-        "executor.signal is 'SIGTERM@120', not 'TERM@120': the same request (Slurm reads both; ours compares "
-        "a user's value by signal number and time)", "`SIGTERM@60` (Bridge writes `TERM@60`)"),
-    "TestFaultTolerancePlugin::test_setup_with_script_task": (
-        "FT overrides are '++ft._target_=...FaultToleranceConfig ++ft.enable_ft_package=true ...': Bridge's "
-        "'ft.enable_ft_package=true' raises OverridesError on every recipe (ConfigContainer.ft is None)",
-        "`++ft.enable_ft_package=true`"),
-}
-PASS_AS_WRITTEN = {"TestPreemptionPlugin::test_default_initialization",
-                   "TestFaultTolerancePlugin::test_default_initialization"}
+
+def _slurm_job() -> tuple:
+    """A Bridge recipe script and a Slurm executor assigned to a job (as ``run.run`` does before plugins run)."""
+    executor = run.SlurmExecutor(account="acct", time="01:00:00", tunnel=run.LocalTunnel(job_dir="/cluster/exp"))
+    executor.assign("job_1", "/cluster/exp/job_1", task_id="job", task_dir="job")
+    return run.Script(path="/opt/Megatron-Bridge/scripts/training/run_recipe.py", entrypoint="python"), executor
 
 
-def _load_suite(plugins_module: types.ModuleType, *, real_objects: bool) -> types.ModuleType:
-    sys.modules["megatron.bridge.recipes.run_plugins"] = plugins_module
-    spec = importlib_util.spec_from_file_location("bridge_run_plugins_suite", SUITE)
-    suite = importlib_util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
-    if real_objects:
-        suite.MagicMock = _real_object
-    return suite
-
-
-def _real_object(*args, spec=None, **kwargs):
-    """Their ``MagicMock(spec=...)``, as a real NeMo-Run object: a Slurm executor (assigned to a job, as
-    ``run.run`` does before plugins run), a Bridge recipe script, and a local executor for a bare mock."""
-    if spec is run.SlurmExecutor:
-        executor = run.SlurmExecutor(account="acct", time="01:00:00", tunnel=run.LocalTunnel(job_dir="/cluster/exp"))
-        executor.assign("job_1", "/cluster/exp/job_1", task_id="job", task_dir="job")
-        return executor
-    if spec is run.Script:
-        return run.Script(path="/opt/Megatron-Bridge/scripts/training/run_recipe.py", entrypoint="python")
-    if spec is None and not args and not kwargs:
-        return run.LocalExecutor()
-    return um.MagicMock(*args, spec=spec, **kwargs)
-
-
-def _run_suite(which: str, real_objects: bool) -> dict[str, str]:
-    """{Class::test: 'PASS' | 'FAIL <type>: <message>'} of the suite's tests of the two plugins."""
-    out = {}
+def test_bridges_plugins_and_ours_on_a_bridge_script_differ_only_where_the_migration_guide_says():
+    """Bridge's plugins from its wheel (not a copy) set up one job, ours another: the signal is the same request
+    written as Slurm's own name, and Bridge's FT overrides, which its parser rejects on a recipe whose ``ft`` is
+    None (below), become ones that build a FaultToleranceConfig."""
     with peers.bridge_modules("megatron.bridge.recipes.run_plugins") as modules:
         bridge = modules["megatron.bridge.recipes.run_plugins"]
-        plugins = bridge
-        if which == "ours":
-            plugins = types.ModuleType(bridge.__name__)
-            plugins.__dict__.update({k: v for k, v in vars(bridge).items() if not k.startswith("__")})
-            plugins.__dict__.update({k: getattr(ours, k) for k in OURS})
-        suite = _load_suite(plugins, real_objects=real_objects)
-        for cls_name in CLASSES:
-            cls = getattr(suite, cls_name)
-            for name in sorted(n for n in dir(cls) if n.startswith("test_")):
-                try:
-                    getattr(cls(), name)()
-                    out[f"{cls_name}::{name}"] = "PASS"
-                except Exception as err:  # noqa: BLE001  (each test's own failure, reported)
-                    out[f"{cls_name}::{name}"] = f"FAIL {type(err).__name__}: {err}"
-    return out
-
-
-@pytest.fixture(scope="module")
-def results():
-    return {(which, real): _run_suite(which, real) for which in ("bridge", "ours") for real in (False, True)}
-
-
-def test_bridges_suite_passes_on_bridges_own_plugins(results):
-    for real in (False, True):
-        assert set(results[("bridge", real)].values()) == {"PASS"}, results[("bridge", real)]
-    assert len(results[("bridge", False)]) == 8
-
-
-def test_bridges_suite_with_real_objects_passes_on_ours_but_the_listed_differences(results):
-    got = results[("ours", True)]
-    assert {t for t, r in got.items() if r != "PASS"} == set(KNOWN_DIFFERENCES), got
-    for test in KNOWN_DIFFERENCES:
-        assert got[test].startswith("FAIL AssertionError"), got[test]
-
-
-def _mock_refused(plugin: str) -> str:
-    return (f"FAIL ConfigError: {plugin}: MagicMock cannot run a task under a launcher (nemo_run has no scheduler "
-            "that starts run.Script or run.Partial tasks on it), so there is nothing to set up; use one of: "
-            "run.SlurmExecutor, run.LocalExecutor, run.DockerExecutor, run.SkypilotExecutor, "
-            "run.SkypilotJobsExecutor, run.LeptonExecutor, run.DGXCloudExecutor, run.KubeflowExecutor")
-
-
-# The suite as written: each test ours refuses, and the exact refusal (every one about its MagicMock executor).
-REFUSED_AS_WRITTEN = {
-    "TestFaultTolerancePlugin::test_custom_script_args_converter": _mock_refused("FaultTolerancePlugin"),
-    "TestFaultTolerancePlugin::test_setup_with_script_task": _mock_refused("FaultTolerancePlugin"),
-    "TestPreemptionPlugin::test_custom_script_args_converter": _mock_refused("PreemptionPlugin"),
-    "TestPreemptionPlugin::test_default_converter_used_when_none_provided": _mock_refused("PreemptionPlugin"),
-    "TestPreemptionPlugin::test_setup_with_non_slurm_executor": _mock_refused("PreemptionPlugin"),
-    # a MagicMock(spec=SlurmExecutor) answers every attribute, so it also looks like a heterogeneous job
-    "TestPreemptionPlugin::test_setup_with_script_task": "FAIL ConfigError: PreemptionPlugin: heterogeneous "
-                                                        "SlurmExecutor jobs are not supported; use one SlurmExecutor "
-                                                        "per job",
-}
-
-
-def test_bridges_suite_as_written_fails_on_ours_only_for_its_mock_executors(results):
-    got = results[("ours", False)]
-    assert {t: r for t, r in got.items() if r != "PASS"} == REFUSED_AS_WRITTEN
-    assert {t for t, r in got.items() if r == "PASS"} == PASS_AS_WRITTEN
-
-
-def test_every_difference_is_in_the_migration_guide():
-    if not os.path.exists(DOC):
-        pytest.fail("docs/migration.md is missing: it lists the differences to Megatron-Bridge's plugins")
+        got = {}
+        for name, preemption, ft in (("bridge", bridge.PreemptionPlugin(), bridge.FaultTolerancePlugin()),
+                                     ("ours", PreemptionPlugin(), FaultTolerancePlugin())):
+            task, executor = _slurm_job()
+            preemption.setup(task, executor)
+            ft.setup(task, executor)
+            got[name] = (executor.signal, [a for a in task.args if "ft." in a])
+    assert got["bridge"] == ("TERM@60", ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"]), got
+    assert got["ours"] == ("SIGTERM@60", ["++ft._target_=megatron.bridge.training.config.FaultToleranceConfig",
+                                          "++ft.enable_ft_package=true", "++ft.calc_ft_timeouts=true"]), got
     text = open(DOC, encoding="utf-8").read()
-    for test, (_, phrase) in KNOWN_DIFFERENCES.items():
-        assert phrase in text, f"{test}: docs/migration.md does not mention {phrase!r}"
-    assert AS_WRITTEN in text
+    for phrase in ("`SIGTERM@60` (Bridge writes `TERM@60`)", "`++ft.enable_ft_package=true`"):
+        assert phrase in text, f"docs/migration.md does not mention {phrase!r}"
 
 
 # --- the Hydra overrides we render, through Bridge's own parser --------------------------------------------------
