@@ -439,3 +439,44 @@ def test_a_peer_symptom_after_another_ranks_failure_is_a_consequence_by_stamp_or
     assert symptoms(("log:a", watchdog), ("log:b", xid)) == ["nccl_timeout"]  # two files, both stamped: by time
     assert symptoms(("log:a", watchdog.replace("10:12", "09:12")), ("log:b", xid)) == []
     assert symptoms(("log:a", "[rank0]: ValueError: x"), ("log:a", watchdog)) == []  # the same rank's own
+
+
+# --- exclusions over a weeks-long run -----------------------------------------------------------------------------
+
+DAY = 24 * 3600.0
+
+
+def test_an_exclusion_is_lifted_two_weeks_after_it_was_last_asked_for_and_the_pool_does_not_shrink_for_ever():
+    """A node repaired during a weeks-long run comes back: after EXCLUSION_LOOKBACK_S (14 days) with no new
+    attribution its exclusion ends (the job's ExcNodeList is rewritten without it), and it is said on the record."""
+    from megatron_resilience.jobs.decision import EXCLUSION_LOOKBACK_S
+
+    assert EXCLUSION_LOOKBACK_S == 14 * DAY
+    t0 = 1_800_000_000.0
+    decisions = chain("megatron_aggressive", [
+        ("xid_error", {"hosts": ["n2"], "nodes": ["n2"], "end": t0, "resumed_from": 0, "checkpoint_step": 500}),
+        ("xid_error", {"hosts": ["n3"], "nodes": ["n3"], "end": t0 + 3 * DAY, "resumed_from": 500,
+                       "checkpoint_step": 900}),
+        ("node_fail", {"nodes": ["n1", "n4"], "end": t0 + 15 * DAY, "resumed_from": 900, "checkpoint_step": 1500}),
+        ("node_fail", {"nodes": ["n1", "n4"], "end": t0 + 18 * DAY, "resumed_from": 1500, "checkpoint_step": 2000}),
+    ], cluster=Cluster(nodes=["n1", "n2", "n3", "n4", "n5"], partition="p"))
+    assert [(d.exclude_applied, d.exclude_lifted) for d in decisions] == [
+        (["n2"], []), (["n2", "n3"], []),
+        (["n3"], ["n2"]),  # n2: last asked for 15 days ago; n3: 12 days ago, still standing
+        ([], ["n3"]),  # n3: 15 days: the job's ExcNodeList is emptied
+    ]
+    assert "exclusion of n2 lifted (asked for last more than 14 days ago; ExcNodeList=n3)" in decisions[2].message()
+
+
+def test_hardware_attributions_older_than_two_weeks_do_not_add_up_to_an_exclusion():
+    t0 = 1_800_000_000.0
+    apart = chain("megatron_transient", [  # exclude_nodes_after: 2
+        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0, "resumed_from": 0, "checkpoint_step": 10}),
+        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0 + 15 * DAY, "resumed_from": 10,
+                        "checkpoint_step": 20})])
+    close = chain("megatron_transient", [
+        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0, "resumed_from": 0, "checkpoint_step": 10}),
+        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0 + 13 * DAY, "resumed_from": 10,
+                        "checkpoint_step": 20})])
+    assert [d.exclude_applied for d in apart] == [[], []]
+    assert [d.exclude_applied for d in close] == [[], ["n2"]]

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"(a running watcher resubmits it)")
             print(f"{PREFIX} {message}", flush=True)
             return _finish(code or 1)
-        if decision.exclude_applied:
+        if decision.exclude_applied or decision.exclude_lifted:  # the job's whole list (empty: every one lifted)
             nodes = ",".join(decision.exclude_applied)
             command = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"]
             ok, output = ledger.perform("exclude_nodes", command, by="batch", job_id=job_id,

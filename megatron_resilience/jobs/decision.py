@@ -12,6 +12,7 @@ ft_launcher's "do not restart" exit code and a person's ``scancel`` are honoured
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class Decision:
     exclude_requested: list[str] = field(default_factory=list)
     exclude_applied: list[str] = field(default_factory=list)  # the job's whole ExcNodeList after this decision
     exclude_not_applied: str | None = None
+    exclude_lifted: list[str] = field(default_factory=list)  # nodes whose exclusion expired (EXCLUSION_LOOKBACK_S)
     attempts_without_progress: int = 0
     fingerprint: str | None = None  # the failure as recurrences are counted (see ``fingerprint``)
     repeats_without_progress: int = 0  # this failure, counted back while no attempt advanced the checkpoint
@@ -38,7 +40,8 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "action", "reason", "final", "outcome", "spent", "budget_left", "exclude_requested", "exclude_applied",
-            "exclude_not_applied", "attempts_without_progress", "fingerprint", "repeats_without_progress")}
+            "exclude_not_applied", "exclude_lifted", "attempts_without_progress", "fingerprint",
+            "repeats_without_progress")}
 
     def message(self) -> str:
         text = f"{self.action}: {self.reason}"
@@ -46,6 +49,9 @@ class Decision:
             text += f"; exclusion requested for {','.join(self.exclude_requested)}"
             text += (f" (not applied: {self.exclude_not_applied})" if self.exclude_not_applied
                      else f" (ExcNodeList={','.join(self.exclude_applied)})")
+        if self.exclude_lifted:
+            text += (f"; exclusion of {','.join(self.exclude_lifted)} lifted (asked for last more than "
+                     f"{EXCLUSION_LOOKBACK_S // 86400} days ago; ExcNodeList={','.join(self.exclude_applied)})")
         if self.budget_left is not None:
             text += "; restarts left " + ", ".join(f"{m} {n}" for m, n in self.budget_left.items())
         return text
@@ -64,6 +70,10 @@ def _failures(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [a for a in history if (a.get("classification") or {}).get("mode") is not None]
 
 
+# An exclusion, or a hardware attribution counted towards one, lasts this long after it was last asked for: a node
+# repaired during a weeks-long run comes back, and the pool does not shrink for ever (nvidia-resiliency-ext's node
+# attribution looks back 14 days).
+EXCLUSION_LOOKBACK_S = 14 * 24 * 3600
 # The same failure this many times in a row, no attempt between advancing the checkpoint: a loop, stopped under
 # every policy whatever its budget (nvidia-resiliency-ext's restart agent counts recurrences the same way).
 SAME_FAILURE_LIMIT = 3
@@ -146,7 +156,7 @@ def slurm_node(host: str, cluster: Cluster, attempt_nodes: list[str]) -> str | N
 
 
 def _exclusions(policy: Policy, action: str, cls: Classification, history: list[dict[str, Any]],
-                attempt_nodes: list[str], cluster: Cluster) -> list[str]:
+                attempt_nodes: list[str], cluster: Cluster, end: float | None = None) -> list[str]:
     wanted: list[str] = []
     if action == "requeue_excluding_nodes":
         hosts = [n for n in (slurm_node(h, cluster, attempt_nodes) for h in cls.hosts) if n]
@@ -154,24 +164,47 @@ def _exclusions(policy: Policy, action: str, cls: Classification, history: list[
         wanted += hosts or (list(attempt_nodes) if len(attempt_nodes) == 1 else [])
     if policy.exclude_nodes_after > 0:
         counts: dict[str, int] = {}
-        chain = history + [{"classification": cls.to_dict(), "nodes": attempt_nodes}]
+        now = time.time() if end is None else end
+        recent = [a for a in history if now - (a.get("end") or now) < EXCLUSION_LOOKBACK_S]
+        chain = recent + [{"classification": cls.to_dict(), "nodes": attempt_nodes}]
         for a in chain:
             c = a.get("classification") or {}
             if c.get("error_type") not in taxonomy.HARDWARE_TYPES:
                 continue
             for host in {slurm_node(h, cluster, a.get("nodes") or []) for h in c.get("hosts") or []} - {None}:
                 counts[host] = counts.get(host, 0) + 1
-        wanted += [h for h, n in sorted(counts.items()) if n >= policy.exclude_nodes_after]
+        # asked for when this attempt's evidence blames the node again: an exclusion already standing is carried
+        # (``standing_exclusions``), and one last asked for long ago expires
+        blamed_now = {slurm_node(h, cluster, attempt_nodes) for h in cls.hosts} if cls.error_type in \
+            taxonomy.HARDWARE_TYPES else set()
+        wanted += [h for h, n in sorted(counts.items()) if n >= policy.exclude_nodes_after and h in blamed_now]
     return list(dict.fromkeys(wanted))
 
 
-def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[str, Any]],
-                     attempt_nodes: list[str], cluster: Cluster, *, min_nodes: int | None = None) -> None:
-    if not wanted:
-        return
-    already: list[str] = []
+def standing_exclusions(history: list[dict[str, Any]], now: float) -> tuple[list[str], list[str]]:
+    """(nodes still excluded, nodes whose exclusion has expired): an applied exclusion stands until
+    ``EXCLUSION_LOOKBACK_S`` after the last decision that asked for it, and ends with a decision that lifted it."""
+    asked: dict[str, float] = {}
     for a in history:
-        already += (a.get("decision") or {}).get("exclude_applied") or []
+        d = a.get("decision") or {}
+        applied = set(d.get("exclude_applied") or [])
+        for node in d.get("exclude_requested") or []:
+            if node in applied:
+                asked[node] = a.get("end") or now
+        for node in d.get("exclude_lifted") or []:
+            asked.pop(node, None)
+    standing = [n for n, t in asked.items() if now - t < EXCLUSION_LOOKBACK_S]
+    return standing, [n for n in asked if n not in standing]
+
+
+def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[str, Any]],
+                     attempt_nodes: list[str], cluster: Cluster, *, min_nodes: int | None = None,
+                     end: float | None = None) -> None:
+    already, expired = standing_exclusions(history, time.time() if end is None else end)
+    decision.exclude_lifted = [n for n in expired if n not in wanted]
+    if not wanted:
+        decision.exclude_applied = already if decision.exclude_lifted else []
+        return
     combined = list(dict.fromkeys(already + wanted))
     usable = [n for n in cluster.nodes if n not in combined and n not in cluster.unusable]
     # A job with a node range (FaultTolerancePlugin.min_nodes) can start on fewer nodes (jobs/node_range.py).
@@ -186,6 +219,8 @@ def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[s
             "never start, so it is requeued without the exclusion")
     else:
         decision.exclude_applied = combined
+    if decision.exclude_lifted and not decision.exclude_applied:
+        decision.exclude_applied = already  # what still stands, without the expired ones
 
 
 def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], current: dict[str, Any],
@@ -237,8 +272,9 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     left[mode] -= 1
     decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck,
                         **basis)
-    _apply_exclusion(decision, _exclusions(policy, action, cls, history, current.get("nodes") or [], cluster),
-                     history, current.get("nodes") or [], cluster, min_nodes=current.get("min_nodes"))
+    end = current.get("end")
+    _apply_exclusion(decision, _exclusions(policy, action, cls, history, current.get("nodes") or [], cluster, end),
+                     history, current.get("nodes") or [], cluster, min_nodes=current.get("min_nodes"), end=end)
     return decision
 
 

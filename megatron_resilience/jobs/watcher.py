@@ -224,7 +224,7 @@ class Watcher:
                     log(f"scontrol requeue {job} refused ({out}): resubmitting")
                     self._resubmit(decision.exclude_applied, ending.record.get("node_count"))
                     return False
-            if decision.exclude_applied:
+            if decision.exclude_applied or decision.exclude_lifted:  # the whole list (empty: every one lifted)
                 nodes = ",".join(decision.exclude_applied)
                 self.ledger.perform("exclude_nodes", ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"],
                                     by="watcher", job_id=job, nodes=decision.exclude_applied)
