@@ -1,6 +1,6 @@
-"""Job-level room, unit by unit: policy/monitor files rejected before submission, decisions over a chain of
-attempts (budgets per mode, restart loops without progress, node exclusion), the ledger, the simulated
-failures of the trainer as the classifier sees them, and the plugin's checks."""
+"""Job-level room, unit by unit: policy/monitor files rejected before submission, nemo_run's own rule, the ledger,
+the simulated failures of the trainer as the classifier sees them, and the plugin's checks. A long run's chain of
+decisions: ``test_joblevel_long_run.py``; what a line means before it decides: ``test_joblevel_evidence_order.py``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import sys
 import textwrap
 
 import pytest
+from joblevel_chain import cls
 
 from megatron_resilience.config import ConfigError, FaultToleranceConfig
-from megatron_resilience.jobs import taxonomy
-from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
-from megatron_resilience.jobs.decision import Cluster, decide, decide_like_nemo_run
+from megatron_resilience.jobs.classifier import AttemptEvidence, classify
+from megatron_resilience.jobs.decision import decide_like_nemo_run
 from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.monitors import load_monitors, scan
 from megatron_resilience.jobs.policies import load_policy, preset_names
@@ -126,127 +126,7 @@ def test_plugin_rejects_bad_files_before_submission(tmp_path):
         RestartPolicyPlugin(monitors=[1])
 
 
-# --- decisions over a chain of attempts -----------------------------------------------------------------------
-
-def cls(error_type: str, hosts=(), evidence=()) -> Classification:
-    kind = taxonomy.BY_NAME[error_type]
-    return Classification(error_type=error_type, subsystem=kind.subsystem, severity="fatal", mode=kind.mode,
-                          source="log", reason="", hosts=list(hosts), evidence=list(evidence))
-
-
-def chain(policy_name: str, endings: list[tuple[str, dict]], cluster: Cluster | None = None):
-    """Decide attempt after attempt, recording each as the trap does; returns the decisions."""
-    policy, history, out = load_policy(policy_name), [], []
-    for error_type, extra in endings:
-        c = cls(error_type, extra.pop("hosts", ()), extra.pop("evidence", ()))
-        current = {"classification": c.to_dict(), "nodes": extra.pop("nodes", ["n1"]), **extra}
-        d = decide(c, policy, history, current, cluster or Cluster(nodes=["n1", "n2", "n3"], partition="p"))
-        out.append(d)
-        history.append({**current, "decision": d.to_dict()})
-        if d.final:
-            break
-    return out
-
-
-LONG_RUN_KINDS = ["node_fail", "xid_error", "nccl_timeout", "hang"]
-
-
-@pytest.mark.parametrize("policy", ["default", "megatron_transient", "megatron_aggressive"])
-def test_forty_failures_of_a_run_that_keeps_advancing_are_all_requeued(policy):
-    """A weeks-long run's chain (Llama 3 405B met 466 interruptions in 54 days): node failures, Xids, NCCL
-    timeouts and hangs, each attempt 500 steps further. Budgets count failures without progress, so none is
-    spent twice: counting every failure, the same chain stopped after 4 (default), 5 (transient), 9 (aggressive)."""
-    endings = [(kind, {"resumed_from": 500 * i, "checkpoint_step": 500 * (i + 1), "hosts": [f"n{i % 3 + 1}"],
-                       "evidence": [f"line {i} of {kind}"]})
-               for i, kind in enumerate(LONG_RUN_KINDS * 10)]
-    decisions = chain(policy, endings)
-    assert [d.action for d in decisions] == ["requeue"] * 40 and not any(d.final for d in decisions)
-    full = load_policy(policy).max_restarts
-    assert all(d.budget_left == {**full, d.spent: full[d.spent] - 1} for d in decisions), decisions
-    assert all(d.repeats_without_progress == 1 for d in decisions)
-
-
-@pytest.mark.parametrize("policy", ["default", "megatron_transient", "megatron_aggressive"])
-def test_the_same_failure_three_times_without_progress_stops_naming_it(policy):
-    """Recurrences are counted by fingerprint (type, node, first line with numbers masked): the watchdog's
-    timestamps and sequence numbers differ each time, the failure does not."""
-    line = "[rank0]:[E1128 10:0{i}:12.{i}] Watchdog caught collective operation timeout: SeqNum={i}{i}, Timeout=600000"
-    endings = [("nccl_timeout", {"resumed_from": 500, "checkpoint_step": 500, "hosts": ["n2"],
-                                 "evidence": [line.format(i=i)]}) for i in range(1, 6)]
-    decisions = chain(policy, endings)
-    assert [d.action for d in decisions] == ["requeue", "requeue", "stop"]
-    assert [d.repeats_without_progress for d in decisions] == [1, 2, 3]
-    assert decisions[-1].outcome == "no_progress"
-    assert decisions[-1].reason == (
-        "the same failure 3 times in a row without advancing the checkpoint: nccl_timeout @ n2: [rankN]:[EN N:N:N.N] "
-        "Watchdog caught collective operation timeout: SeqNum=N, Timeout=N")
-    assert decisions[-1].fingerprint in decisions[-1].reason  # the basis of the stop is on the ledger record
-
-
-def test_an_advance_resets_the_count_of_a_recurring_failure():
-    same = {"hosts": ["n2"], "evidence": ["NCCL watchdog timeout"]}
-    stuck, advanced = {"resumed_from": 500, "checkpoint_step": 500}, {"resumed_from": 500, "checkpoint_step": 700}
-    decisions = chain("megatron_aggressive", [("nccl_timeout", {**same, **stuck}), ("nccl_timeout", {**same, **stuck}),
-                                              ("nccl_timeout", {**same, **advanced}),
-                                              ("nccl_timeout", {**same, "resumed_from": 700, "checkpoint_step": 700})])
-    assert [(d.action, d.repeats_without_progress) for d in decisions] == [("requeue", 1), ("requeue", 2),
-                                                                          ("requeue", 1), ("requeue", 2)]
-
-
-def test_budgets_count_the_failures_since_the_last_progress_per_mode():
-    """Different failures with no progress seen (these attempts left no records) spend their mode's budget, and
-    nothing refills it; a mode that runs out ends the chain."""
-    decisions = chain("default", [("nccl_timeout", {}), ("hang", {}), ("watchdog_timeout", {})])
-    assert [(d.action, d.spent, d.budget_left) for d in decisions] == [
-        ("requeue", "stall", {"crash": 2, "stall": 1, "timeout": 2}),
-        ("requeue", "stall", {"crash": 2, "stall": 0, "timeout": 2}),
-        ("stop", None, {"crash": 2, "stall": 0, "timeout": 2}),
-    ]
-    assert decisions[-1].outcome == "budget_exhausted"
-    assert decisions[-1].reason == ("retry budget exhausted: 2 of 2 stall restart(s) used since the run last "
-                                    "advanced its checkpoint (watchdog_timeout, policy default); last failure "
-                                    "watchdog_timeout @ -")
-    # the first failure after an advance is free again: the attempt that advanced refilled every budget
-    refilled = chain("default", [("nccl_timeout", {}), ("hang", {"resumed_from": 0, "checkpoint_step": 10}),
-                                 ("watchdog_timeout", {"resumed_from": 10, "checkpoint_step": 10})])
-    assert [d.budget_left["stall"] for d in refilled] == [1, 1, 1] and refilled[-1].action == "requeue"
-    # megatron_conservative asks for a person
-    exhausted = chain("megatron_conservative", [("node_fail", {}), ("node_fail", {})])
-    assert [d.action for d in exhausted] == ["requeue", "stop"] and exhausted[-1].outcome == "budget_exhausted"
-
-
-def test_preemptions_between_failures_spend_nothing():
-    decisions = chain("megatron_conservative", [("node_fail", {}), ("preempted", {}), ("system_cancel", {}),
-                                                ("node_fail", {})])
-    assert [(d.action, d.spent) for d in decisions] == [("requeue", "crash"), ("requeue", None), ("requeue", None),
-                                                       ("stop", None)]
-
-
-def test_a_restart_loop_without_progress_stops():
-    # every restart resumes from the checkpoint at step 20 and dies before saving another, a different way each time
-    stuck = {"resumed_from": 20, "checkpoint_step": 20, "last_step": 24}
-    kinds = ["nccl_error", "hang", "nccl_error", "hang", "nccl_error", "hang"]
-    decisions = chain("megatron_aggressive", [("nccl_error", {"resumed_from": 0, "checkpoint_step": 20,
-                                                              "last_step": 24})] + [(k, dict(stuck)) for k in kinds])
-    assert [d.action for d in decisions] == ["requeue"] * 4 + ["stop"]
-    assert decisions[-1].outcome == "no_progress" and decisions[-1].attempts_without_progress == 4
-    assert "4 failed attempt(s) in a row did not advance the checkpoint" in decisions[-1].reason
-    assert decisions[-1].reason.endswith("last failure hang @ -")
-
-
-def test_repeated_hardware_errors_on_one_host_exclude_it_and_an_impossible_exclusion_is_not_applied():
-    decisions = chain("megatron_transient", [("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"]}),
-                                             ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"]})])
-    assert [d.exclude_applied for d in decisions] == [[], ["n2"]]  # exclude_nodes_after: 2
-    only = chain("megatron_transient", [("xid_error", {"hosts": ["n1.cluster.local"], "nodes": ["n1"]})],
-                 cluster=Cluster(nodes=["n1"], partition="p"))
-    assert only[0].action == "requeue" and only[0].exclude_requested == ["n1"] and only[0].exclude_applied == []
-    assert only[0].exclude_not_applied.startswith("excluding n1 would leave 0 usable node(s) in partition p (n1) "
-                                                  "and the job needs 1")
-    down = chain("megatron_transient", [("xid_error", {"hosts": ["n1"], "nodes": ["n1"]})],
-                 cluster=Cluster(nodes=["n1", "n2"], unusable=["n2"], partition="p"))
-    assert down[0].exclude_applied == [] and "would leave 0 usable node(s)" in down[0].exclude_not_applied
-
+# --- nemo_run's own rule (no policy) ----------------------------------------------------------------------------
 
 def test_nemo_run_rule_counts_failures_in_a_row_and_never_preemptions():
     history = []
@@ -377,106 +257,3 @@ def test_slurm_step_states_are_evidence_of_this_attempt_only():
     assert all((s.monitor, s.severity, s.source) == ("slurm_step_state", "fatal", "slurm") for s in found)
     cls = classify(AttemptEvidence(exit_code=137, slurm_state="RUNNING", signals=found[:1]))
     assert (cls.error_type, cls.mode) == ("cpu_oom", "crash")
-
-
-# --- Xid codes (jobs/xid_codes.py, from NVIDIA's Xid catalog) -------------------------------------------------------
-
-@pytest.mark.parametrize("code, severity, points_at, host_role", [
-    ("63", "info", "handled", "reporter"),  # row remapping recorded: the driver handled it
-    ("64", "warning", "machine", "hardware"),  # a retirement that could not be recorded: the machine, not fatal
-    ("31", "warning", "application", "reporter"),  # a page fault: usually the application's
-    ("79", "fatal", "machine", "hardware"),  # fell off the bus
-    ("95", "fatal", "machine", "hardware"),  # uncontained ECC error
-    ("999", "fatal", "machine", "hardware"),  # not in the table: read as every Xid was before it
-])
-def test_an_xid_line_takes_its_codes_severity_and_blames_its_node_only_for_the_machine(code, severity, points_at,
-                                                                                       host_role):
-    from megatron_resilience.jobs.attribution import mentions
-    from megatron_resilience.jobs.monitors import load_monitors, scan
-    from megatron_resilience.jobs.xid_codes import xid_code
-
-    line = f"nid002: [  219.470994] NVRM: Xid (PCI:0000:07:00): {code}, pid=1896, an event"
-    [signal] = [s for s in scan([("log", line)], load_monitors(["megatron_nccl"])) if s.monitor == "xid_kernel"]
-    assert (signal.error_type, signal.severity, signal.fields["xid"], signal.fields["xid_points_at"]) == (
-        "xid_error", severity, code, points_at)
-    assert signal.fields["xid_meaning"] == xid_code(code).meaning
-    assert [(m.node, m.role) for m in mentions([signal], ["nid001", "nid002"])] == [("nid002", host_role)]
-
-
-# --- evidence in time order (jobs/time_order.py) ---------------------------------------------------------------------
-
-@pytest.mark.parametrize("line, expected", [
-    ("[rank0]:[E1128 10:02:11.123456 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught", (11, 28, 36131.123456)),
-    ("[2026-11-28 10:02:11,880] [ERROR] [ft_launcher5120@nid001] failed (exitcode: 1)", (11, 28, 36131.88)),
-    ("2026-11-28T10:02:11.5+00:00 NVRM: Xid (PCI:0000:38:00): 79", (11, 28, 36131.5)),
-    ("Nov  8 10:02:11 worker4 kernel: [  219.470994] NVRM: Xid (PCI:0000:07:00): 48", (11, 8, 36131.0)),
-    ("[rank9]: ValueError: bad batch shape (4, 2047)", None),
-])
-def test_time_stamps_of_each_format(line, expected):
-    from megatron_resilience.jobs.time_order import stamp
-
-    assert stamp(line) == (pytest.approx(expected) if expected else None)
-
-
-def test_a_peer_symptom_after_another_ranks_failure_is_a_consequence_by_stamp_or_by_place():
-    from megatron_resilience.jobs.monitors import load_monitors, scan
-    from megatron_resilience.jobs.time_order import later_symptoms
-
-    watchdog = ("[rank0]:[E1128 10:12:02.1 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
-                "timeout: WorkNCCL(SeqNum=4411, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
-                "600081 milliseconds before timing out.")
-    bug = "[rank9]: ValueError: bad batch shape (4, 2047)"
-    monitors = load_monitors(["megatron_production"])
-
-    def symptoms(*sourced):
-        signals = [s for s in scan(list(sourced), monitors) if s.severity in ("fatal", "error")]
-        return [s.error_type for s in later_symptoms(signals)]
-
-    assert symptoms(("log:a", bug), ("log:a", watchdog)) == ["nccl_timeout"]  # after it in one log
-    assert symptoms(("log:a", watchdog), ("log:a", bug)) == []  # the mirror: the timeout came first
-    assert symptoms(("log:a", bug), ("log:b", watchdog)) == []  # two files, one stamp: no order, the type decides
-    xid = "Nov 28 10:02:11 nid002 kernel: NVRM: Xid (PCI:0000:07:00): 79, pid=1, GPU has fallen off the bus."
-    assert symptoms(("log:a", watchdog), ("log:b", xid)) == ["nccl_timeout"]  # two files, both stamped: by time
-    assert symptoms(("log:a", watchdog.replace("10:12", "09:12")), ("log:b", xid)) == []
-    assert symptoms(("log:a", "[rank0]: ValueError: x"), ("log:a", watchdog)) == []  # the same rank's own
-
-
-# --- exclusions over a weeks-long run -----------------------------------------------------------------------------
-
-DAY = 24 * 3600.0
-
-
-def test_an_exclusion_is_lifted_two_weeks_after_it_was_last_asked_for_and_the_pool_does_not_shrink_for_ever():
-    """A node repaired during a weeks-long run comes back: after EXCLUSION_LOOKBACK_S (14 days) with no new
-    attribution its exclusion ends (the job's ExcNodeList is rewritten without it), and it is said on the record."""
-    from megatron_resilience.jobs.decision import EXCLUSION_LOOKBACK_S
-
-    assert EXCLUSION_LOOKBACK_S == 14 * DAY
-    t0 = 1_800_000_000.0
-    decisions = chain("megatron_aggressive", [
-        ("xid_error", {"hosts": ["n2"], "nodes": ["n2"], "end": t0, "resumed_from": 0, "checkpoint_step": 500}),
-        ("xid_error", {"hosts": ["n3"], "nodes": ["n3"], "end": t0 + 3 * DAY, "resumed_from": 500,
-                       "checkpoint_step": 900}),
-        ("node_fail", {"nodes": ["n1", "n4"], "end": t0 + 15 * DAY, "resumed_from": 900, "checkpoint_step": 1500}),
-        ("node_fail", {"nodes": ["n1", "n4"], "end": t0 + 18 * DAY, "resumed_from": 1500, "checkpoint_step": 2000}),
-    ], cluster=Cluster(nodes=["n1", "n2", "n3", "n4", "n5"], partition="p"))
-    assert [(d.exclude_applied, d.exclude_lifted) for d in decisions] == [
-        (["n2"], []), (["n2", "n3"], []),
-        (["n3"], ["n2"]),  # n2: last asked for 15 days ago; n3: 12 days ago, still standing
-        ([], ["n3"]),  # n3: 15 days: the job's ExcNodeList is emptied
-    ]
-    assert "exclusion of n2 lifted (asked for last more than 14 days ago; ExcNodeList=n3)" in decisions[2].message()
-
-
-def test_hardware_attributions_older_than_two_weeks_do_not_add_up_to_an_exclusion():
-    t0 = 1_800_000_000.0
-    apart = chain("megatron_transient", [  # exclude_nodes_after: 2
-        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0, "resumed_from": 0, "checkpoint_step": 10}),
-        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0 + 15 * DAY, "resumed_from": 10,
-                        "checkpoint_step": 20})])
-    close = chain("megatron_transient", [
-        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0, "resumed_from": 0, "checkpoint_step": 10}),
-        ("nccl_error", {"hosts": ["n2"], "nodes": ["n1", "n2"], "end": t0 + 13 * DAY, "resumed_from": 10,
-                        "checkpoint_step": 20})])
-    assert [d.exclude_applied for d in apart] == [[], []]
-    assert [d.exclude_applied for d in close] == [[], ["n2"]]
