@@ -37,12 +37,12 @@ def test_the_report_lists_per_node_failures_and_exclusions(tmp_path):
     text = format_report(build(str(tmp_path / "run"), slurm_lookup=False), evidence=False)
     table = text.split("per node:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert table == [
-        "node   | attempts | failures attributed (attempt[.cycle]: type) | excluded by attempt",
-        "nid001 | 0,1,2,3  | -                                           | -",
-        "nid002 | 0        | 0: xid_error                                | 0",
-        "nid003 | 0,1      | 1: node_fail                                | 1",
-        "nid004 | 1,2,3    | -                                           | -",
-        "nid005 | 2,3      | -                                           | -",
+        "node   | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
+        "nid001 | 0,1,2,3  | -                                           | -     | -",
+        "nid002 | 0        | 0: xid_error                                | 50%   | 0",
+        "nid003 | 0,1      | 1: node_fail                                | 50%   | 1",
+        "nid004 | 1,2,3    | -                                           | -     | -",
+        "nid005 | 2,3      | -                                           | -     | -",
     ], text
     assert excluded == {"nid002", "nid003"}
 
@@ -74,8 +74,8 @@ def test_an_exclusion_that_was_not_applied_says_so_in_the_node_table():
     attempts = [{"nodes": ["n1"], "classification": {"mode": "crash", "error_type": "xid_error", "hosts": ["n1"]},
                  "decision": {"exclude_requested": ["n1"], "exclude_applied": []}}]
     assert format_node_table(attempts)[2:] == [
-        "node | attempts | failures attributed (attempt[.cycle]: type) | excluded by attempt",
-        "n1   | 0        | 0: xid_error                                | 0 (not applied)"]
+        "node | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
+        "n1   | 0        | 0: xid_error                                | 100%  | 0 (not applied)"]
 
 
 def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cycle():
@@ -90,6 +90,6 @@ def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cyc
          "decision": {}, "cycles": [{"cycle": 0, "ended": {"error_type": "xid_error", "hosts": ["mn1"]}},
                                     {"cycle": 1}]}]
     assert format_node_table(attempts)[2:] == [
-        "node | attempts | failures attributed (attempt[.cycle]: type) | excluded by attempt",
-        "mn1  | 1        | 1.0: xid_error                              | -",
-        "mn3  | 0        | 0: node_fail                                | 0"]
+        "node | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
+        "mn1  | 1        | 1.0: xid_error                              | 50%   | -",
+        "mn3  | 0        | 0: node_fail                                | 50%   | 0"]

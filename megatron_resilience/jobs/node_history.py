@@ -53,10 +53,13 @@ def format_node_table(attempts: list[dict[str, Any]]) -> list[str]:
     rows = node_rows(attempts)
     if not rows:
         return []
-    table = [("node", "attempts", "failures attributed (attempt[.cycle]: type)", "excluded by attempt")]
+    # at scale a few nodes cause most failures (a lemon): each node's share of the failures attributed to a node
+    attributed = sum(len(r.failures) for r in rows)
+    table = [("node", "attempts", "failures attributed (attempt[.cycle]: type)", "share", "excluded by attempt")]
     for r in rows:
         excluded = [str(i) for i in r.excluded_by] + [f"{i} (not applied)" for i in r.not_excluded_by]
+        share = f"{100 * len(r.failures) / attributed:.0f}%" if r.failures else "-"
         table.append((r.node, ",".join(str(i) for i in r.attempts) or "-",
-                      ", ".join(f"{i}: {t}" for i, t in r.failures) or "-", ", ".join(excluded) or "-"))
+                      ", ".join(f"{i}: {t}" for i, t in r.failures) or "-", share, ", ".join(excluded) or "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return ["", "per node:"] + [" | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
