@@ -93,3 +93,12 @@ def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cyc
         "node | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
         "mn1  | 1        | 1.0: xid_error                              | 50%   | -",
         "mn3  | 0        | 0: node_fail                                | 50%   | 0"]
+
+
+def test_without_scontrol_a_compact_node_list_is_still_every_node(monkeypatch):
+    """sacct's NodeList read where ``scontrol show hostnames`` is unavailable: one expander, no node dropped."""
+    from megatron_resilience.jobs import slurm
+
+    monkeypatch.setattr(slurm, "_run", lambda cmd: None)
+    assert slurm.expand_nodes("nid[003-004,010],gpu7") == ["nid003", "nid004", "nid010", "gpu7"]
+    assert slurm.expand_nodes("None assigned") == []

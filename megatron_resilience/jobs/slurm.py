@@ -11,6 +11,7 @@ import subprocess
 import time
 from typing import Any
 
+from megatron_resilience.jobs.attribution import expand_hostlist
 from megatron_resilience.jobs.decision import Cluster
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
@@ -53,7 +54,7 @@ def expand_nodes(nodelist: str | None) -> list[str]:
     if not nodelist or nodelist in ("(null)", "None", "None assigned"):
         return []
     out = _run(["scontrol", "show", "hostnames", nodelist])
-    return out.split() if out else [n for n in nodelist.split(",") if n and "[" not in n]
+    return out.split() if out else expand_hostlist(nodelist)  # no scontrol (the watcher's host): expanded here
 
 
 def parse_slurm_time(text: str | None) -> float | None:
