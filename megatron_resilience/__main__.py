@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.keys import key_listing
 from megatron_resilience.config.overrides import config_from_overrides
+from megatron_resilience.config.validate import ConfigError
 
 PROG = "megatron_resilience"
 

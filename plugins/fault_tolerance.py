@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError
-from megatron_resilience.config._validate import check_int, check_positive, fail
+from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.plugins import (
     batch_decision,
     ft_config,

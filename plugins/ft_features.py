@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.config._validate import fail
+from megatron_resilience.config.validate import fail
 from megatron_resilience.upstream.launcher import (
     NO_RESTART_EXIT_CODE_DEFAULT,
     NVRX_DEFAULT_MAX_NO_PROGRESS_CYCLES,

@@ -47,7 +47,7 @@ import os
 from typing import Any
 
 from megatron_resilience.config import ConfigError, InProcessConfig
-from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config.validate import check_int, fail
 from megatron_resilience.plugins import partial_trainers
 from megatron_resilience.plugins._executor import set_env
 from megatron_resilience.plugins.script_args import InProcessRestartPluginScriptArgs

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
-from megatron_resilience.config._validate import check_int
+from megatron_resilience.config.validate import check_int
 
 
 def ranks_per_node(executor: Any) -> int:

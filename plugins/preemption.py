@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from megatron_resilience.config import CATCHABLE_SIGNALS, ConfigError, TrainingConfig
-from megatron_resilience.config._validate import check_int, check_positive, fail
 from megatron_resilience.config.slurm_signal import same_slurm_signal
 from megatron_resilience.config.slurm_time import slurm_time_seconds
 from megatron_resilience.config.training import PREEMPTION_NOTICE_PROVIDERS
+from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.jobs.preemption_margin import preempt_time_warning
 from megatron_resilience.plugins import batch_decision, partial_trainers
 from megatron_resilience.plugins._executor import (

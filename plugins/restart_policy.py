@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_resilience.config._validate import check_int, check_positive, fail
+from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.jobs.jobconfig import resolve, watcher_settings
 from megatron_resilience.plugins import batch_decision
 from megatron_resilience.plugins._executor import claim

@@ -35,10 +35,10 @@ import shlex
 from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
-from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.overrides import config_from_overrides
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.config.slurm_time import slurm_time_seconds, time_note
+from megatron_resilience.config.validate import check_int, fail
 from megatron_resilience.plugins.job_shape import check_ranks_per_node, ranks_per_node
 from megatron_resilience.upstream import import_nemo_run
 

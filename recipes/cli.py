@@ -22,9 +22,9 @@ import os
 import sys
 from typing import Any, Callable, List, Literal, Optional
 
-from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.keys import key_listing
 from megatron_resilience.config.overrides import config_to_overrides, reject_repeated_keys
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.entry import pretrain
 from megatron_resilience.plugins.task_check import check_task
 from megatron_resilience.recipes.gpt import RECIPES, to_config

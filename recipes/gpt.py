@@ -34,7 +34,7 @@ from megatron_resilience.config import (
     StragglerConfig,
     TrainingConfig,
 )
-from megatron_resilience.config._validate import check_int, fail
+from megatron_resilience.config.validate import check_int, fail
 from megatron_resilience.entry import pretrain
 from megatron_resilience.plugins.task_check import task_config
 from megatron_resilience.upstream import import_nemo_run

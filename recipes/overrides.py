@@ -16,8 +16,8 @@ import typing
 from typing import Any, Callable
 
 from megatron_resilience.config import PretrainConfig
-from megatron_resilience.config._validate import ConfigError, base_type
 from megatron_resilience.config.overrides import closest_keys, did_you_mean, parse_override, parse_value
+from megatron_resilience.config.validate import ConfigError, base_type
 from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()

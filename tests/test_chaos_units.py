@@ -18,7 +18,7 @@ from megatron_resilience.chaos.cli import duration, main
 from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.chaos.mix import load_mix
 from megatron_resilience.chaos.runner import ChaosConfig, plan
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 
 
 def test_llama3_mix_is_the_papers_table_with_its_source():

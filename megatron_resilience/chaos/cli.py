@@ -12,7 +12,7 @@ from dataclasses import asdict
 from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.chaos.mix import load_mix, preset_names
 from megatron_resilience.chaos.runner import CLOCKS, Chaos, ChaosConfig, plan
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.jobs.watcher import current_job
 

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from megatron_resilience.chaos.faults import FAULTS
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs.monitors import read_raw
 
 MIX_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mixes")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import (
+from megatron_resilience.config.validate import (
     check_choice,
     check_int,
     check_non_negative,

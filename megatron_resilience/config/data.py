@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megatron_resilience.config._validate import check_choice, check_int, check_types, fail
+from megatron_resilience.config.validate import check_choice, check_int, check_types, fail
 
 TOKENIZERS = ("null", "gpt2")
 

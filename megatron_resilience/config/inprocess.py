@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_choice, check_int, check_positive, check_types, fail
+from megatron_resilience.config.validate import check_choice, check_int, check_positive, check_types, fail
 
 GRANULARITIES = ("node", "rank")
 # Fields whose names and meaning are Megatron-Bridge's InProcessRestartConfig's (config/aliases.py).

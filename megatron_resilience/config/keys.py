@@ -11,8 +11,8 @@ import dataclasses
 import typing
 from typing import Any
 
-from megatron_resilience.config._validate import type_name
 from megatron_resilience.config.pretrain import PretrainConfig
+from megatron_resilience.config.validate import type_name
 
 MEANING = {
     "run_dir": "folder for metrics.jsonl, stop_reason.json and run logs",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_types, fail
+from megatron_resilience.config.validate import check_types, fail
 
 DEFAULT_TENSORBOARD_DIR = "tensorboard"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import (
+from megatron_resilience.config.validate import (
     check_below_one,
     check_choice,
     check_int,

@@ -12,9 +12,9 @@ import difflib
 import typing
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError, base_type
 from megatron_resilience.config.aliases import canonical_key, canonical_value
 from megatron_resilience.config.pretrain import PretrainConfig
+from megatron_resilience.config.validate import ConfigError, base_type
 
 _TRUE, _FALSE, _NONE = ("true", "yes", "1", "on"), ("false", "no", "0", "off"), ("none", "null")
 

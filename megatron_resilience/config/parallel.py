@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import check_int, check_types, fail
+from megatron_resilience.config.validate import check_int, check_types, fail
 
 
 @dataclass(kw_only=True)

@@ -18,7 +18,7 @@ import re
 import tempfile
 from typing import Any, Iterable
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 
 PROBE_PREFIX = ".megatron_resilience_probe_"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megatron_resilience.config._validate import check_int, fail
 from megatron_resilience.config.checkpoint import CheckpointConfig
 from megatron_resilience.config.data import DataConfig
 from megatron_resilience.config.inprocess import InProcessConfig
@@ -15,6 +14,7 @@ from megatron_resilience.config.optimizer import OptimizerConfig
 from megatron_resilience.config.parallel import ParallelConfig
 from megatron_resilience.config.resilience import FaultToleranceConfig, RerunConfig, StragglerConfig
 from megatron_resilience.config.training import TrainingConfig
+from megatron_resilience.config.validate import check_int, fail
 
 SECTIONS = ("model", "parallel", "data", "optim", "train", "checkpoint", "ft", "straggler", "rerun", "logger",
             "inprocess")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import (
+from megatron_resilience.config.validate import (
     check_choice,
     check_fraction,
     check_int,

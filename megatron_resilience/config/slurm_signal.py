@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 
 _FORM = re.compile(r"^(?:([RB]{1,2}):)?([A-Za-z0-9]+)(?:@(\d+))?$")
 DEFAULT_TIME = 60

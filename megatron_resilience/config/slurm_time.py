@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 
 _NO_LIMIT = ("-1", "infinite", "unlimited")
 _WITH_DAYS = re.compile(r"(\d+)-(?:(\d+)(?::(\d+)(?::(\d+))?)?)?")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from megatron_resilience.config._validate import (
+from megatron_resilience.config.validate import (
     check_int,
     check_positive,
     check_signal,

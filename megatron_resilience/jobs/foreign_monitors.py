@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import taxonomy, vocabulary
 
 FILE_KEYS = ("class_name", "poll_interval_seconds", "check_interval_seconds", "inactivity_threshold_seconds",

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import taxonomy, vocabulary
 
 FILE_KEYS = ("policies",)

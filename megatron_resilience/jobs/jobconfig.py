@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.ledger import LEDGER_FILE
 from megatron_resilience.jobs.monitors import Monitor, load_monitors, monitors_from_dicts, preset_names

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import foreign_monitors, taxonomy, vocabulary, xid_codes
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "monitors")

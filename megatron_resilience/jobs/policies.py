@@ -32,7 +32,7 @@ import signal as _signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import foreign_policy, policy_checks, taxonomy, vocabulary
 from megatron_resilience.jobs.monitors import read_raw, read_yaml, resolve_path, say_once
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import taxonomy
 
 WHY_NOT_A_RULE = {

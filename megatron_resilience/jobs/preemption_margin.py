@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.slurm_signal import parse_slurm_signal
+from megatron_resilience.config.validate import ConfigError
 
 SAVED = ("saved", "already saved", "not needed")
 

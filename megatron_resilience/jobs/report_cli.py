@@ -14,8 +14,8 @@ import json
 import os
 import sys
 
-from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.paths import check_writable_dir
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import attempt_throughput, report, report_scalars
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics

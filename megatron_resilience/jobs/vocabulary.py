@@ -13,7 +13,7 @@ A monitor emits one type: a foreign name maps to the first type of its set, or t
 
 from __future__ import annotations
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import taxonomy
 
 # foreign name -> (this package's types, what it means)

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import replace
 
-from megatron_resilience.config._validate import ConfigError
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import slurm
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve, watcher_settings
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from megatron_resilience.config import PretrainConfig
-from megatron_resilience.config._validate import ConfigError
 from megatron_resilience.config.ports import job_ports
+from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.runtime import forked_children
 from megatron_resilience.runtime.job_store import process_group_store, uses_job_store
 from megatron_resilience.runtime.launch_env import adopted_from_slurm, launch_env
