@@ -110,16 +110,22 @@ def test_wandb_offline_files_one_run_across_attempts(run):
     runs = read_wandb_offline(str(requeue.run_dir), rows=16)
     assert [r["id"] for r in runs] == [run_id] * 3  # one W&B run (one id), a folder per (re)start
     assert {r["project"] for r in runs} == {"mr-dashboards"} and {r["name"] for r in runs} == {"restart-and-requeue"}
+    # Each (re)start's folder holds the steps it logged, in order. A killed attempt's W&B service writes its file
+    # every second (x_transaction_log_flush_interval), so its last rows can be lost with it: the rows it kept are
+    # a prefix of what it logged (seen under CI load: steps 4-5 of the first attempt). The finished attempt has all.
+    logged = [list(range(1, 6)), list(range(6, 10)), list(range(10, 17))]
+    kept = [[row["_step"] for row in r["rows"]] for r in runs]
+    assert all(k == want[:len(k)] for k, want in zip(kept, logged)) and kept[2] == logged[2], kept
     rows = [row for r in runs for row in r["rows"]]
     steps = [row["_step"] for row in rows]
-    assert steps == sorted(set(steps)) == list(range(1, 17))  # what `wandb sync --id` uploads, in order
+    assert steps == sorted(set(steps))  # what `wandb sync --id` uploads, in order: never a step twice or backwards
     losses = _expected_losses(requeue)
-    assert [row["lm loss"] for row in rows] == [losses[s] for s in range(1, 17)]  # float64: exact
-    assert [row["resilience/in-job-restarts"] for row in rows] == [0] * 5 + [1] * 11
-    assert [row["resilience/requeues"] for row in rows] == [0] * 9 + [1] * 7
+    assert [row["lm loss"] for row in rows] == [losses[s] for s in steps]  # float64: exact
+    assert [row["resilience/in-job-restarts"] for row in rows] == [int(s >= 6) for s in steps]
+    assert [row["resilience/requeues"] for row in rows] == [int(s >= 10) for s in steps]
     assert {row["_step"]: row["resilience/restart-resumed-from"] for row in rows
-            if "resilience/restart-resumed-from" in row} == {6: 4, 10: 8}
-    assert {row["_step"] for row in rows if "lm loss validation" in row} == {4, 8, 12, 16}
+            if "resilience/restart-resumed-from" in row} == {s: r for s, r in ((6, 4), (10, 8)) if s in steps}
+    assert {row["_step"] for row in rows if "lm loss validation" in row} == {4, 8, 12, 16} & set(steps)
     assert all(math.isfinite(row["iteration-time"]) for row in rows)
     # every wandb.init tried again (the killed process's W&B service still held the run) is on record, none silent
     retries = [r for r in requeue.records() if r["kind"] == "retry"]
