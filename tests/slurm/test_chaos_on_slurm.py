@@ -118,13 +118,14 @@ def test_each_bucket_is_what_the_records_say(short):
     inside = [sum(max(0.0, min(end, b) - max(start, a)) for a, b in windows) for start, end in saves]
     whole = [i for i, (start, end) in zip(inside, saves) if i == pytest.approx(end - start)]
     # a save cut by the end of its allocation (the node failure) counts at most its part inside the window
-    assert saves and sum(whole) - 1e-6 <= acc["badput"]["checkpoint_save"] <= sum(inside) + 1e-6, (saves, windows)
+    assert saves and sum(whole) - 1e-4 <= acc["badput"]["checkpoint_save"] <= sum(inside) + 1e-4, (saves, windows)
     first_runs: dict[int, float] = {}
     for r in records:
         if r.get("kind") == "train":
             first_runs.setdefault(r["step"], r["step_time_s"])
     assert sorted(first_runs) == list(range(1, STEPS + 1))
-    assert 0.5 * sum(first_runs.values()) < acc["productive"] <= sum(first_runs.values()) + 1e-6
+    # sums of ~100 spans between epoch-second stamps (a double holds them to ~2e-7 s each): 1e-6 was once exceeded
+    assert 0.5 * sum(first_runs.values()) < acc["productive"] <= sum(first_runs.values()) + 1e-4
     for bucket in ("restart_process", "restart_job", "checkpoint_restore", "startup"):
         assert acc["badput"][bucket] > 0, (bucket, acc["badput"])
 
