@@ -48,6 +48,10 @@ NAME = "RestartPolicyPlugin"
 class RestartPolicyPlugin(run.Plugin):
     """Selective job-level restarts. ``policy``/``monitors``: preset names or YAML file paths.
 
+    ``node_history_dir``: an absolute folder on the cluster's shared filesystem that several runs name: a node's
+    hardware failures in any of them count towards its exclusion (the policy's ``exclude_nodes_after``), so a lemon
+    found by one run is avoided by the next. None: each run counts its own.
+
     ``monitors`` None: the policy file's own ``monitors``. ``finished_grace_seconds`` and
     ``inactivity_threshold`` are for the watcher (``nemo megatron_resilience watch``): cancel a job
     whose trainer finished but which still runs after the grace period; treat a job without log or
@@ -59,6 +63,7 @@ class RestartPolicyPlugin(run.Plugin):
     finished_grace_seconds: float = 300.0
     inactivity_threshold: float | None = None
     max_log_bytes: int = 8 << 20
+    node_history_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy is not None and (not isinstance(self.policy, str) or not self.policy):
@@ -72,6 +77,10 @@ class RestartPolicyPlugin(run.Plugin):
         check_positive(f"{NAME}.finished_grace_seconds", self.finished_grace_seconds)
         check_positive(f"{NAME}.inactivity_threshold", self.inactivity_threshold, allow_none=True)
         check_int(f"{NAME}.max_log_bytes", self.max_log_bytes, minimum=4096)
+        if self.node_history_dir is not None and (not isinstance(self.node_history_dir, str)
+                                                  or not self.node_history_dir.startswith("/")):
+            fail(f"{NAME}.node_history_dir", "must be None or an absolute path on the cluster's shared filesystem "
+                 "(the same folder for every run that shares what it learns about nodes)", self.node_history_dir)
         self.settings()  # every policy / monitor file is checked now, before submission
 
     def settings(self) -> dict[str, Any]:
@@ -83,7 +92,8 @@ class RestartPolicyPlugin(run.Plugin):
             inactivity = watcher_settings(self.policy, monitors).get("inactivity_threshold")
         return {"policy": policy, "monitors": monitor_specs, "monitor_only": self.policy is None,
                 "finished_grace_seconds": float(self.finished_grace_seconds),
-                "inactivity_threshold": inactivity, "max_log_bytes": self.max_log_bytes}
+                "inactivity_threshold": inactivity, "max_log_bytes": self.max_log_bytes,
+                **({"node_history_dir": self.node_history_dir} if self.node_history_dir else {})}
 
     def setup(self, task: Any, executor: Any) -> None:
         profile = executor_profile(executor, NAME)

@@ -227,7 +227,8 @@ def test_batch_lost_is_requeued_and_resubmitted_when_slurm_refuses(fake):
 
 def test_a_resubmission_with_min_nodes_asks_for_the_nodes_the_partition_can_give(fake):
     """Issue 25: a 2-node job (FaultTolerancePlugin(min_nodes=1)) whose batch host is lost while its other node is
-    down: Slurm refuses the requeue, and the resubmission asks for the one node that can take it (--nodes=1)."""
+    down: Slurm refuses the requeue, and the resubmission asks for the one node that can take it (--nodes=1) and
+    excludes the attempt's node sinfo shows down (issue 34: a node the scheduler keeps from work)."""
     import dataclasses
 
     cfg, ledger, set_state, calls = fake
@@ -239,7 +240,8 @@ def test_a_resubmission_with_min_nodes_asks_for_the_nodes_the_partition_can_give
     assert (attempt["decision"]["action"], attempt["node_count"]["nodes"], attempt["node_count"]["was"]) == \
         ("requeue", 1, 2), json.dumps(attempt)
     assert calls() == ["scontrol requeue 77", "sbatch --parsable --requeue --export=ALL,MEGATRON_RESILIENCE_"
-                       f"RESUBMISSION=1 --job-name=acct.gpt --nodes=1 {cfg.sbatch_script}"]
+                       f"RESUBMISSION=1 --job-name=acct.gpt --exclude=n2 --nodes=1 {cfg.sbatch_script}"]
+    assert attempt["decision"]["exclude_scheduler"] == {"n2": "down"}
 
 
 def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(fake, capsys):

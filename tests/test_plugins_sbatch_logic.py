@@ -55,7 +55,7 @@ esac
 echo "$@" >> "$CALLS"
 """
 SINFO_STUB = r"""#!/bin/bash
-for n in ${PARTITION_NODES//,/ }; do echo "$n|idle"; done
+for n in ${PARTITION_NODES//,/ }; do case ",$DRAINED," in *,$n,*) echo "$n|drained";; *) echo "$n|idle";; esac; done
 """
 
 

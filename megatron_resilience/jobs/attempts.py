@@ -11,7 +11,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_resilience.jobs import attribution, finished, node_range, preemption_margin, slurm, taxonomy
+from megatron_resilience.jobs import (
+    attribution,
+    finished,
+    node_range,
+    preemption_margin,
+    shared_node_history,
+    slurm,
+    taxonomy,
+)
 from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
@@ -106,10 +114,13 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         decision = decide_like_nemo_run(cls, history, retries=retries, ft=cfg.ft,
                                         finished_flag=os.path.exists(cfg.finished_flag))
     else:
-        cluster = cluster_info or (slurm.cluster(partition) if _may_exclude(policy, cls)
+        # every failure reads sinfo: a requeue excludes the attempt's nodes the scheduler drained (node_exclusion.py)
+        cluster = cluster_info or (slurm.cluster(partition) if cls.mode is not None
                                    else Cluster(partition=partition or ""))
         decision = decide(cls, policy, history, record, cluster,
-                          finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None)
+                          finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None,
+                          shared_blames=shared_blames(cfg, record))
+        share(cfg, record, cluster)
     record["decision"] = decision.to_dict()
     record["policy"] = policy.name if policy else ("monitor_only" if cfg.monitor_only else "nemo_run")
     count = node_range.plan(cfg, record, decision, history, partition=partition)
@@ -146,8 +157,19 @@ def _finished_by_evidence(cfg: JobLevelConfig, job_id: str, restart: int, exit_c
                           fields={"step": str(done.step)} if done.step is not None else {})
 
 
-def _may_exclude(policy: Any, cls: Classification) -> bool:
-    return policy.exclude_nodes_after > 0 or any(r.action == "requeue_excluding_nodes" for r in policy.rules)
+def shared_blames(cfg: JobLevelConfig, record: dict[str, Any]) -> list[tuple[str, float | None]]:
+    """Other runs' hardware attributions from the shared node-history folder (none without one)."""
+    if not cfg.node_history_dir:
+        return []
+    return shared_node_history.others(cfg.node_history_dir, cfg.ledger, record.get("end") or time.time())
+
+
+def share(cfg: JobLevelConfig, record: dict[str, Any], cluster: Cluster) -> None:
+    """Publish this attempt's hardware attributions to the shared folder; the record says when that failed."""
+    if cfg.node_history_dir:
+        trouble = shared_node_history.publish(cfg.node_history_dir, cfg.ledger, record, cluster)
+        if trouble:
+            record["node_history_not_shared"] = trouble
 
 
 def _cycle_ends(mine: list[dict[str, Any]]) -> list[dict[str, Any] | None]:

@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.classifier import Classification
+from megatron_resilience.jobs.node_exclusion import (
+    EXCLUSION_LOOKBACK_S,
+    LIFTED_EXPIRED,
+    Cluster,
+    Exclusion,
+    plan,
+    wanted,
+)
 from megatron_resilience.jobs.policies import Policy
+
+__all__ = ["Cluster", "Decision", "EXCLUSION_LOOKBACK_S", "decide", "decide_like_nemo_run", "decide_monitor_only",
+           "fingerprint", "made_progress"]
 
 
 @dataclass
@@ -32,16 +43,18 @@ class Decision:
     exclude_requested: list[str] = field(default_factory=list)
     exclude_applied: list[str] = field(default_factory=list)  # the job's whole ExcNodeList after this decision
     exclude_not_applied: str | None = None
-    exclude_lifted: list[str] = field(default_factory=list)  # nodes whose exclusion expired (EXCLUSION_LOOKBACK_S)
+    exclude_lifted: list[str] = field(default_factory=list)  # nodes whose exclusion ended (jobs/node_exclusion.py)
+    exclude_lifted_why: dict[str, str] = field(default_factory=dict)  # node -> why its exclusion ended
+    exclude_blamed: list[str] = field(default_factory=list)  # of exclude_requested, those asked for on attributions
+    exclude_deferred: list[str] = field(default_factory=list)  # blamed, not excluded now: one new node per decision
+    exclude_scheduler: dict[str, str] = field(default_factory=dict)  # attempt node -> sinfo state keeping it idle
+    scheduler_unread: str | None = None  # sinfo could not be read: drained nodes were not checked
     attempts_without_progress: int = 0
     fingerprint: str | None = None  # the failure as recurrences are counted (see ``fingerprint``)
     repeats_without_progress: int = 0  # this failure, counted back while no attempt advanced the checkpoint
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in (
-            "action", "reason", "final", "outcome", "spent", "budget_left", "exclude_requested", "exclude_applied",
-            "exclude_not_applied", "exclude_lifted", "attempts_without_progress", "fingerprint",
-            "repeats_without_progress")}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def message(self) -> str:
         text = f"{self.action}: {self.reason}"
@@ -49,31 +62,30 @@ class Decision:
             text += f"; exclusion requested for {','.join(self.exclude_requested)}"
             text += (f" (not applied: {self.exclude_not_applied})" if self.exclude_not_applied
                      else f" (ExcNodeList={','.join(self.exclude_applied)})")
+        drained = {n: s for n, s in self.exclude_scheduler.items() if n in self.exclude_requested}
+        if drained:
+            text += "; the scheduler keeps " + ", ".join(f"{n} ({s})" for n, s in drained.items()) + " from work"
+        if self.exclude_deferred:
+            text += (f"; {','.join(self.exclude_deferred)} also blamed, not excluded now (one new node per "
+                     "decision)")
         if self.exclude_lifted:
-            text += (f"; exclusion of {','.join(self.exclude_lifted)} lifted (asked for last more than "
-                     f"{EXCLUSION_LOOKBACK_S // 86400} days ago; ExcNodeList={','.join(self.exclude_applied)})")
+            why: dict[str, list[str]] = {}
+            for node in self.exclude_lifted:
+                why.setdefault(self.exclude_lifted_why.get(node, LIFTED_EXPIRED), []).append(node)
+            text += "; " + "); ".join(f"exclusion of {','.join(nodes)} lifted ({reason}"
+                                      for reason, nodes in why.items())
+            text += f"; ExcNodeList={','.join(self.exclude_applied)})"
+        if self.scheduler_unread:
+            text += f"; {self.scheduler_unread}"
         if self.budget_left is not None:
             text += "; restarts left " + ", ".join(f"{m} {n}" for m, n in self.budget_left.items())
         return text
-
-
-@dataclass
-class Cluster:
-    """What the decision needs to know about where the job can run (from ``sinfo``/``scontrol``)."""
-
-    nodes: list[str] = field(default_factory=list)  # the partition's nodes
-    unusable: list[str] = field(default_factory=list)  # down / drained / failing
-    partition: str = ""
 
 
 def _failures(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [a for a in history if (a.get("classification") or {}).get("mode") is not None]
 
 
-# An exclusion, or a hardware attribution counted towards one, lasts this long after it was last asked for: a node
-# repaired during a weeks-long run comes back, and the pool does not shrink for ever (nvidia-resiliency-ext's node
-# attribution looks back 14 days).
-EXCLUSION_LOOKBACK_S = 14 * 24 * 3600
 # The same failure this many times in a row, no attempt between advancing the checkpoint: a loop, stopped under
 # every policy whatever its budget (nvidia-resiliency-ext's restart agent counts recurrences the same way).
 SAME_FAILURE_LIMIT = 3
@@ -144,88 +156,13 @@ def _without_progress(history: list[dict[str, Any]], current: dict[str, Any]) ->
     return count
 
 
-def slurm_node(host: str, cluster: Cluster, attempt_nodes: list[str]) -> str | None:
-    """A host named in a log line -> the Slurm node name (short names match; one-node jobs map to their node)."""
-    if host in cluster.nodes or host in attempt_nodes:
-        return host
-    short = host.split(".")[0]
-    for node in cluster.nodes + attempt_nodes:
-        if node.split(".")[0] == short:
-            return node
-    return attempt_nodes[0] if len(attempt_nodes) == 1 else None
-
-
-def _exclusions(policy: Policy, action: str, cls: Classification, history: list[dict[str, Any]],
-                attempt_nodes: list[str], cluster: Cluster, end: float | None = None) -> list[str]:
-    wanted: list[str] = []
-    if action == "requeue_excluding_nodes":
-        hosts = [n for n in (slurm_node(h, cluster, attempt_nodes) for h in cls.hosts) if n]
-        # No host named by the evidence: a one-node attempt's node is the suspect; of many, none is singled out.
-        wanted += hosts or (list(attempt_nodes) if len(attempt_nodes) == 1 else [])
-    if policy.exclude_nodes_after > 0:
-        counts: dict[str, int] = {}
-        now = time.time() if end is None else end
-        recent = [a for a in history if now - (a.get("end") or now) < EXCLUSION_LOOKBACK_S]
-        chain = recent + [{"classification": cls.to_dict(), "nodes": attempt_nodes}]
-        for a in chain:
-            c = a.get("classification") or {}
-            if c.get("error_type") not in taxonomy.HARDWARE_TYPES:
-                continue
-            for host in {slurm_node(h, cluster, a.get("nodes") or []) for h in c.get("hosts") or []} - {None}:
-                counts[host] = counts.get(host, 0) + 1
-        # asked for when this attempt's evidence blames the node again: an exclusion already standing is carried
-        # (``standing_exclusions``), and one last asked for long ago expires
-        blamed_now = {slurm_node(h, cluster, attempt_nodes) for h in cls.hosts} if cls.error_type in \
-            taxonomy.HARDWARE_TYPES else set()
-        wanted += [h for h, n in sorted(counts.items()) if n >= policy.exclude_nodes_after and h in blamed_now]
-    return list(dict.fromkeys(wanted))
-
-
-def standing_exclusions(history: list[dict[str, Any]], now: float) -> tuple[list[str], list[str]]:
-    """(nodes still excluded, nodes whose exclusion has expired): an applied exclusion stands until
-    ``EXCLUSION_LOOKBACK_S`` after the last decision that asked for it, and ends with a decision that lifted it."""
-    asked: dict[str, float] = {}
-    for a in history:
-        d = a.get("decision") or {}
-        applied = set(d.get("exclude_applied") or [])
-        for node in d.get("exclude_requested") or []:
-            if node in applied:
-                asked[node] = a.get("end") or now
-        for node in d.get("exclude_lifted") or []:
-            asked.pop(node, None)
-    standing = [n for n, t in asked.items() if now - t < EXCLUSION_LOOKBACK_S]
-    return standing, [n for n in asked if n not in standing]
-
-
-def _apply_exclusion(decision: Decision, wanted: list[str], history: list[dict[str, Any]],
-                     attempt_nodes: list[str], cluster: Cluster, *, min_nodes: int | None = None,
-                     end: float | None = None) -> None:
-    already, expired = standing_exclusions(history, time.time() if end is None else end)
-    decision.exclude_lifted = [n for n in expired if n not in wanted]
-    if not wanted:
-        decision.exclude_applied = already if decision.exclude_lifted else []
-        return
-    combined = list(dict.fromkeys(already + wanted))
-    usable = [n for n in cluster.nodes if n not in combined and n not in cluster.unusable]
-    # A job with a node range (FaultTolerancePlugin.min_nodes) can start on fewer nodes (jobs/node_range.py).
-    needed = max(1, min_nodes or len(attempt_nodes))
-    decision.exclude_requested = wanted
-    if not cluster.nodes:
-        decision.exclude_not_applied = "the partition's nodes are unknown (sinfo gave none)"
-    elif len(usable) < needed:
-        decision.exclude_not_applied = (
-            f"excluding {','.join(combined)} would leave {len(usable)} usable node(s) in partition "
-            f"{cluster.partition or '?'} ({','.join(cluster.nodes)}) and the job needs {needed}: the job would "
-            "never start, so it is requeued without the exclusion")
-    else:
-        decision.exclude_applied = combined
-    if decision.exclude_lifted and not decision.exclude_applied:
-        decision.exclude_applied = already  # what still stands, without the expired ones
-
-
 def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], current: dict[str, Any],
-           cluster: Cluster, *, finished_flag: bool | None = None) -> Decision:
+           cluster: Cluster, *, finished_flag: bool | None = None,
+           shared_blames: list[tuple[str, float | None]] = ()) -> Decision:
     """The policy's decision for the attempt ``current`` (its record so far) after ``history``.
+
+    ``shared_blames``: (node, time) of hardware attributions by other runs that share a node-history folder
+    (``jobs/shared_node_history.py``); they count towards ``exclude_nodes_after`` like this run's own.
 
     ``finished_flag``: under ft_launcher, whether the trainer touched the finished flag (None: not known). A
     step that exited 0 without it, and without a record of our trainer's, stopped before the end (a trainer
@@ -273,9 +210,19 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck,
                         **basis)
     end = current.get("end")
-    _apply_exclusion(decision, _exclusions(policy, action, cls, history, current.get("nodes") or [], cluster, end),
-                     history, current.get("nodes") or [], cluster, min_nodes=current.get("min_nodes"), end=end)
+    now = time.time() if end is None else end
+    nodes = current.get("nodes") or []
+    asked = wanted(policy, action == "requeue_excluding_nodes", cls, history, current, cluster, now, shared_blames)
+    _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
     return decision
+
+
+def _copy(decision: Decision, exclusion: Exclusion) -> None:
+    decision.exclude_requested, decision.exclude_applied = exclusion.requested, exclusion.applied
+    decision.exclude_not_applied, decision.exclude_lifted = exclusion.not_applied, exclusion.lifted
+    decision.exclude_blamed, decision.exclude_deferred = exclusion.blamed, exclusion.deferred
+    decision.exclude_scheduler, decision.scheduler_unread = exclusion.scheduler, exclusion.scheduler_unread
+    decision.exclude_lifted_why = exclusion.lifted_why
 
 
 def _left(policy: Policy, history: list[dict[str, Any]], current: dict[str, Any] | None = None) -> dict[str, int]:

@@ -56,6 +56,9 @@ class JobLevelConfig:
     min_nodes: int | None = None
     nodes: int | None = None
     ntasks_per_node: int = 1
+    # RestartPolicyPlugin.node_history_dir: a folder the runs of a team share; hardware attributions of all of them
+    # count towards a node's exclusion (jobs/shared_node_history.py). None: this run's own ledger only.
+    node_history_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("job_name", "job_dir", "ledger", "finished_flag"):
@@ -70,6 +73,10 @@ class JobLevelConfig:
         if self.train_iters is not None and (isinstance(self.train_iters, bool) or not isinstance(self.train_iters, int)
                                              or self.train_iters < 1):
             raise ConfigError(f"job_level.train_iters: must be a positive integer or null, got {self.train_iters!r}")
+        if self.node_history_dir is not None and (not isinstance(self.node_history_dir, str)
+                                                  or not os.path.isabs(self.node_history_dir)):
+            raise ConfigError(f"job_level.node_history_dir: must be an absolute path or null, "
+                              f"got {self.node_history_dir!r}")
 
     @property
     def stop_marker(self) -> str:
@@ -100,6 +107,8 @@ class JobLevelConfig:
         if self.min_nodes is None:  # no node range: the job's JSON (and sbatch script) as without the feature
             for key in NODE_RANGE_FIELDS:
                 data.pop(key)
+        if self.node_history_dir is None:  # no shared folder: as without the feature
+            data.pop("node_history_dir")
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod

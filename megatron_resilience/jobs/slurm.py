@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from megatron_resilience.jobs.attribution import expand_hostlist
-from megatron_resilience.jobs.decision import Cluster
+from megatron_resilience.jobs.node_exclusion import Cluster
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
             "OUT_OF_MEMORY")
@@ -145,19 +145,24 @@ def usable_now(state: str) -> bool:
 
 
 def cluster(partition: str | None) -> Cluster:
-    """The partition's nodes and which of them cannot run a job (sinfo; see ``usable_at_all``)."""
+    """The partition's nodes, their states and which of them cannot run a job (sinfo; see ``usable_at_all``);
+    ``unread`` says why when sinfo gave no answer."""
     cmd = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
-    out = _run(cmd) or ""
-    nodes, unusable = [], []
+    out = _run(cmd)
+    if out is None:
+        return Cluster(partition=partition or "", unread=f"{' '.join(cmd)} failed or timed out")
+    nodes, unusable, states = [], [], {}
     for line in out.splitlines():
         if "|" not in line:
             continue
         name, state = line.split("|", 1)
         if name not in nodes:
             nodes.append(name)
+            states[name] = state.strip().lower()
         if not usable_at_all(state) and name not in unusable:
             unusable.append(name)
-    return Cluster(nodes=nodes, unusable=unusable, partition=partition or "")
+            states[name] = state.strip().lower()
+    return Cluster(nodes=nodes, unusable=unusable, partition=partition or "", states=states)
 
 
 def partition_node_states(partition: str | None) -> dict[str, str]:

@@ -88,7 +88,7 @@ NAMES = tuple(e.name for e in ERROR_TYPES)
 SUBSYSTEMS = tuple(sorted({e.subsystem for e in ERROR_TYPES} | {"config"}))
 NOT_FAILURES = tuple(e.name for e in ERROR_TYPES if e.mode is None)
 # Errors that point at the hardware the attempt ran on: the evidence's hosts are candidates for exclusion.
-HARDWARE_TYPES = ("xid_error", "ecc_error", "nccl_error", "nccl_timeout", "cuda_error", "rerun_resume")
+HARDWARE_TYPES = ("xid_error", "ecc_error", "node_fail", "nccl_error", "nccl_timeout", "cuda_error", "rerun_resume")
 
 
 def rank(name: str) -> int:

@@ -192,7 +192,7 @@ class Watcher:
         return ending
 
     def _redecide(self, ending: Ending, cls: Classification) -> Ending:
-        from megatron_resilience.jobs.attempts import chain_history
+        from megatron_resilience.jobs.attempts import chain_history, share, shared_blames
         from megatron_resilience.jobs.decision import decide, decide_monitor_only
 
         policy = self.cfg.load_policy()
@@ -204,7 +204,9 @@ class Watcher:
             return ending
         record = {**ending.record, "classification": cls.to_dict()}
         cluster = slurm.cluster(self.partition)
-        decision = decide(cls, policy, chain_history(self.ledger), record, cluster)
+        decision = decide(cls, policy, chain_history(self.ledger), record, cluster,
+                          shared_blames=shared_blames(self.cfg, record))
+        share(self.cfg, record, cluster)
         record["decision"] = decision.to_dict()
         record.pop("node_count", None)
         count = node_range.plan(self.cfg, record, decision, chain_history(self.ledger), partition=self.partition)
