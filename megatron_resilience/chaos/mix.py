@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from megatron_resilience.chaos.faults import FAULTS
-from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.config.validate import ConfigError, check_keys
 from megatron_resilience.jobs.monitors import read_raw
 
 MIX_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mixes")
@@ -74,9 +74,7 @@ def load_mix(spec: str) -> Mix:
     data = read_raw(path)  # a syntax error is one line naming the file, as for policies and monitors
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping with keys {list(KEYS)}")
-    unknown = sorted(set(data) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; valid keys: {list(KEYS)}")
+    check_keys(path, "", data, KEYS)
     name = str(data.get("name") or os.path.basename(path)[:-5])
     if data.get("base"):
         base = load_mix(str(data["base"]))
@@ -92,9 +90,7 @@ def load_mix(spec: str) -> Mix:
         where = f"{path}: causes[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: must be a mapping with keys {list(CAUSE_KEYS)}")
-        bad = sorted(set(entry) - set(CAUSE_KEYS))
-        if bad:
-            raise ConfigError(f"{where}: unknown key(s) {bad}; valid keys: {list(CAUSE_KEYS)}")
+        check_keys(path, f"causes[{i}]", entry, CAUSE_KEYS)
         if entry.get("fault") not in FAULTS:
             raise ConfigError(f"{where}.fault: must be one of {sorted(FAULTS)}, got {entry.get('fault')!r}")
         count = entry.get("count")

@@ -23,6 +23,16 @@ def fail(key: str, message: str, value: Any) -> None:
     raise ConfigError(f"{key}: {message}, got {value!r}")
 
 
+def check_keys(source: str, where: str, data: Any, allowed: Iterable[str], *, of: str = "", more: str = "") -> None:
+    """A mapping read from a file has only ``allowed`` keys: the first unknown one is named by its path in the file
+    (``<source>: <where>.<key>``), with every allowed key; ``of`` says what kind of file, ``more`` what else works.
+    One wording for every file this package reads (policies, monitors, the foreign tool's files, chaos mixes)."""
+    unknown = sorted(set(data) - set(allowed), key=str)
+    if unknown:
+        path = f"{where}.{unknown[0]}" if where else str(unknown[0])
+        raise ConfigError(f"{source}: {path}: unknown key{of}; allowed keys: {list(allowed)}{more}")
+
+
 def check_choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
     allowed = list(allowed)
     if value not in allowed:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.config.validate import ConfigError, check_keys
 from megatron_resilience.jobs import taxonomy, vocabulary
 
 FILE_KEYS = ("class_name", "poll_interval_seconds", "check_interval_seconds", "inactivity_threshold_seconds",
@@ -63,10 +63,7 @@ def is_foreign(data: Any) -> bool:
 
 def translate(data: dict[str, Any], *, source: str) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
     """(this package's monitor file as data, notes on what each key became, settings for the watcher)."""
-    unknown = sorted(set(data) - set(FILE_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {unknown[0]}: unknown key of a SlurmLogMonitor file; allowed keys: "
-                          f"{list(FILE_KEYS)}")
+    check_keys(source, "", data, FILE_KEYS, of=" of a SlurmLogMonitor file")
     kind = data.get("class_name", "SlurmLogMonitor")
     if kind not in MONITOR_CLASSES:
         raise ConfigError(f"{source}: class_name: must be one of {list(MONITOR_CLASSES)}, got {kind!r}")
@@ -111,9 +108,7 @@ def _signal(item: Any, *, source: str, index: int, settings: dict[str, Any]) -> 
         raise ConfigError(f"{source}: {where}: must be a mapping with keys {list(SIGNAL_KEYS)}, got {item!r}")
     if isinstance(item.get("name"), str):
         where = f"{where} ({item['name']})"
-    unknown = sorted(set(item) - set(SIGNAL_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {where}.{unknown[0]}: unknown key; allowed keys: {list(SIGNAL_KEYS)}")
+    check_keys(source, where, item, SIGNAL_KEYS)
     name = item.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{source}: {where}.name: must be a non-empty string, got {name!r}")

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.config.validate import ConfigError, check_keys
 from megatron_resilience.jobs import taxonomy, vocabulary
 
 FILE_KEYS = ("policies",)
@@ -62,10 +62,8 @@ def is_foreign(data: Any) -> bool:
 
 def translate(data: dict[str, Any], *, source: str) -> tuple[dict[str, Any], list[str]]:
     """(this package's policy as data, notes on what each key became)."""
-    unknown = sorted(set(data) - set(FILE_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {unknown[0]}: unknown key of a restart-policy file of the per-mode schema; "
-                          f"allowed keys: {list(FILE_KEYS)} (or this package's keys, without 'policies')")
+    check_keys(source, "", data, FILE_KEYS, of=" of a restart-policy file of the per-mode schema",
+               more=" (or this package's keys, without 'policies')")
     entries = data.get("policies")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{source}: policies: must be a list of {{mode: ..., implementation: ...}}, "
@@ -79,9 +77,7 @@ def translate(data: dict[str, Any], *, source: str) -> tuple[dict[str, Any], lis
         where = f"policies[{index}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{source}: {where}: must be a mapping with keys {list(ENTRY_KEYS)}, got {entry!r}")
-        unknown = sorted(set(entry) - set(ENTRY_KEYS))
-        if unknown:
-            raise ConfigError(f"{source}: {where}.{unknown[0]}: unknown key; allowed keys: {list(ENTRY_KEYS)}")
+        check_keys(source, where, entry, ENTRY_KEYS)
         mode = entry.get("mode")
         if mode not in MODES:
             raise ConfigError(f"{source}: {where}.mode: must be one of {list(MODES)}, got {mode!r}")
@@ -91,10 +87,7 @@ def translate(data: dict[str, Any], *, source: str) -> tuple[dict[str, Any], lis
             raise ConfigError(f"{source}: {where}.implementation.class_name: must be one of "
                               f"{list(IMPLEMENTATIONS)}, got {kind!r}")
         where = f"{where} (mode {mode}, {kind})"
-        unknown = sorted(set(impl) - set(IMPLEMENTATIONS[kind]))
-        if unknown:
-            raise ConfigError(f"{source}: {where}.{unknown[0]}: unknown key; allowed keys: "
-                              f"{list(IMPLEMENTATIONS[kind])}")
+        check_keys(source, where, impl, IMPLEMENTATIONS[kind])
         for key in NOT_USED:
             if key in impl:
                 notes.append(f"{where}.{key}: not used (the ledger and the batch log give each decision's reason)")

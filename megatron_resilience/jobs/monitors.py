@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.config.validate import ConfigError, check_keys
 from megatron_resilience.jobs import foreign_monitors, taxonomy, vocabulary, xid_codes
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "monitors")
@@ -118,9 +118,7 @@ def build_monitor(raw: Any, *, source: str, index: int) -> Monitor:
         raise ConfigError(f"{source}: {where}: must be a mapping with keys {list(MONITOR_KEYS)}, got {raw!r}")
     if isinstance(raw.get("name"), str):
         where = f"monitors[{index}] ({raw['name']})"
-    unknown = sorted(set(raw) - set(MONITOR_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {where}.{unknown[0]}: unknown key; allowed keys: {list(MONITOR_KEYS)}")
+    check_keys(source, where, raw, MONITOR_KEYS)
     for key in REQUIRED_MONITOR_KEYS:
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise ConfigError(f"{source}: {where}.{key}: must be a non-empty string, got {raw.get(key)!r}")
@@ -198,9 +196,7 @@ def read_yaml(path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     data = read_raw(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a YAML mapping with keys {list(allowed)}, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(allowed))
-    if unknown:
-        raise ConfigError(f"{path}: {unknown[0]}: unknown key; allowed keys: {list(allowed)}")
+    check_keys(path, "", data, allowed)
     return data
 
 

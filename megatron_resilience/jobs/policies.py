@@ -32,7 +32,7 @@ import signal as _signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.config.validate import ConfigError, check_keys
 from megatron_resilience.jobs import foreign_policy, policy_checks, taxonomy, vocabulary
 from megatron_resilience.jobs.monitors import read_raw, read_yaml, resolve_path, say_once
 
@@ -137,9 +137,7 @@ def policy_from_dict(data: dict[str, Any], *, source: str, notes: tuple[str, ...
     """A validated Policy; every error names ``source`` (the file) and the key. ``notes``: a translation's."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: must be a mapping with keys {list(FILE_KEYS)}, got {data!r}")
-    unknown = sorted(set(data) - set(FILE_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {unknown[0]}: unknown key; allowed keys: {list(FILE_KEYS)}")
+    check_keys(source, "", data, FILE_KEYS)
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{source}: name: must be a non-empty string, got {name!r}")
@@ -183,9 +181,7 @@ def _rule(source: str, index: int, raw: Any, notes: list[str]) -> Rule:
     where = f"rules[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {where}: must be a mapping with keys {list(RULE_KEYS)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(RULE_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {where}.{unknown[0]}: unknown key; allowed keys: {list(RULE_KEYS)}")
+    check_keys(source, where, raw, RULE_KEYS)
     action = raw.get("action")
     if action not in ACTIONS:
         raise ConfigError(f"{source}: {where}.action: must be one of {list(ACTIONS)}, got {action!r}")
@@ -193,9 +189,7 @@ def _rule(source: str, index: int, raw: Any, notes: list[str]) -> Rule:
     if not isinstance(match, dict) or not match:
         raise ConfigError(f"{source}: {where}.match: must be a mapping with one or more of {list(MATCH_KEYS)}, "
                           f"got {match!r}")
-    unknown = sorted(set(match) - set(MATCH_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: {where}.match.{unknown[0]}: unknown key; allowed keys: {list(MATCH_KEYS)}")
+    check_keys(source, f"{where}.match", match, MATCH_KEYS)
     values: dict[str, tuple[str, ...]] = {}
     for key, value in match.items():
         at = f"{where}.match.{key}"
