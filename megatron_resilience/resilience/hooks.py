@@ -40,13 +40,14 @@ from typing import Any, Callable, Iterator
 
 from megatron_resilience import upstream
 from megatron_resilience.config.pretrain import PretrainConfig
-from megatron_resilience.resilience import _dist, exit_codes
+from megatron_resilience.resilience import exit_codes
 from megatron_resilience.resilience.fault_tolerance import FaultTolerance
 from megatron_resilience.resilience.log import get_logger
 from megatron_resilience.resilience.preemption import DataloaderWorkerInit, handler_for
 from megatron_resilience.resilience.simulated_fault import SimulatedFault
 from megatron_resilience.resilience.stop_reason import STOP_REASON_FILE, write_stop_reason
 from megatron_resilience.resilience.straggler import StragglerDetection
+from megatron_resilience.runtime import collectives
 from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.state import TrainState
 
@@ -157,7 +158,7 @@ class ResilienceHooks(TrainingHooks):
         signals = self.signals
         signal_seen = signals is not None and signals.received
         first = signals.received_at if signal_seen else None
-        signal_flag, straggler_flag, minus_first = _dist.all_reduce_max(
+        signal_flag, straggler_flag, minus_first = collectives.all_reduce_max(
             [float(signal_seen), float(straggler_stop), -first if first is not None else -float("inf")])
         reason = (exit_codes.REASON_SIGNAL if signal_flag else
                   exit_codes.REASON_STRAGGLER if straggler_flag else None)

@@ -43,8 +43,8 @@ import threading
 import time
 
 from megatron_resilience.config.resilience import FaultToleranceConfig
-from megatron_resilience.resilience import _dist
 from megatron_resilience.resilience.log import get_logger
+from megatron_resilience.runtime import collectives
 
 
 def restart_counts() -> tuple[int, int, int]:
@@ -74,7 +74,7 @@ class SimulatedFault:
             return
         target = self.cfg.simulated_fault_rank
         if target is None:
-            target = _dist.broadcast_int(random.randrange(self.world_size) if self.rank == 0 else -1)
+            target = collectives.broadcast_int(random.randrange(self.world_size) if self.rank == 0 else -1)
         self.target = target
         if target >= self.world_size:
             self.log.warning(f"ft.simulated_fault_rank={target} is not a rank of this job "

@@ -49,7 +49,7 @@ import torch
 from megatron_resilience import upstream
 from megatron_resilience.config import CheckpointConfig, ConfigError
 from megatron_resilience.runtime import checkpoint_layout as layout
-from megatron_resilience.runtime import checkpoint_state, reshard
+from megatron_resilience.runtime import checkpoint_state, collectives, reshard
 from megatron_resilience.runtime.checkpoint_interval import AdaptiveInterval
 from megatron_resilience.runtime.checkpoint_layout import atomic_write_text  # noqa: F401  (public re-export)
 from megatron_resilience.runtime.state import TrainState
@@ -95,26 +95,6 @@ class _DelayedWrite:
         return result
 
 
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _broadcast_object(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (the one place where all ranks agree on a decision)."""
-    holder = [obj]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
-
-
-def _all_ok(ok: bool) -> bool:
-    """True on every rank iff ``ok`` on every rank (NCCL needs the flag on the GPU, gloo on the CPU)."""
-    nccl = torch.distributed.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 class CheckpointManager:
     """Saves and restores a :class:`TrainState`; every method is collective (call it on all ranks)."""
 
@@ -131,7 +111,7 @@ class CheckpointManager:
         # ConfigError ends the load: another TP/PP size is a setting to fix, not a damaged checkpoint.
         self.resume_check = resume_check
         self.best = layout.BestCheckpoints(config.save, config.keep_best) if config.keep_best else None
-        if self.best is not None and self.best.stale and _rank() == 0:
+        if self.best is not None and self.best.stale and collectives.rank() == 0:
             self._repair_best_list()
         self._latest_step: int | None = None
         self._async_queue = None  # megatron AsyncCallsQueue, created on the first async save
@@ -188,16 +168,18 @@ class CheckpointManager:
         """
         cfg = self.config
         if cfg.load is not None and cfg.save is not None and os.path.abspath(cfg.load) != os.path.abspath(cfg.save):
-            own = _broadcast_object(layout.complete_checkpoints(cfg.save) if _rank() == 0 else None)
+            own = collectives.broadcast_object(layout.complete_checkpoints(cfg.save) if collectives.rank() == 0
+                                               else None)
             if own:
-                if announce and _rank() == 0:
+                if announce and collectives.rank() == 0:
                     log.info("checkpoint: %s holds this run's own checkpoints: resuming from there, not from "
                              "checkpoint.load=%s", cfg.save, cfg.load)
                 return cfg.save, own
         root = cfg.load_dir
         if root is None:
             return None, None
-        return root, _broadcast_object(layout.complete_checkpoints(root) if _rank() == 0 else None)
+        return root, collectives.broadcast_object(layout.complete_checkpoints(root) if collectives.rank() == 0
+                                                  else None)
 
     def _load_latest(self, state: TrainState) -> bool:
         root, candidates = self._resume_root()
@@ -208,7 +190,7 @@ class CheckpointManager:
             if self.config.load_required:  # the resume asked for is not there: never train from scratch silently
                 raise ConfigError(f"checkpoint.load: no complete checkpoint under {root!r} to resume from; "
                                   "checkpoint.load_optional=true starts from step 0 when it holds none")
-            if _rank() == 0:
+            if collectives.rank() == 0:
                 log.log(logging.WARNING if self.config.load else logging.INFO,
                         "checkpoint: no complete checkpoint under %s; starting from step 0%s", root,
                         " (checkpoint.load_optional=true)" if self.config.load_optional else "")
@@ -216,11 +198,11 @@ class CheckpointManager:
         for step in candidates:
             path = os.path.join(root, layout.iter_dir_name(step))
             error, rerun_state = self._try_load(state, path)
-            if _all_ok(error is None):
+            if collectives.all_ok(error is None):
                 checkpoint_state.restore_rerun_state(rerun_state)
                 self._latest_step = step
                 self.last_load_seconds = time.perf_counter() - start
-                if _rank() == 0:
+                if collectives.rank() == 0:
                     log.info("checkpoint: resumed from %s (step %d, consumed_samples %d) in %.3f s",
                              path, state.step, state.consumed_samples, self.last_load_seconds)
                     tracked = layout.read_tracker(root)
@@ -229,8 +211,8 @@ class CheckpointManager:
                                     os.path.join(root, layout.TRACKER_FILE), tracked, layout.iter_dir_name(step))
                 return True
             if error is not None:
-                log.warning("checkpoint: rank %d could not load %s: %s", _rank(), path, error)
-            if _rank() == 0:
+                log.warning("checkpoint: rank %d could not load %s: %s", collectives.rank(), path, error)
+            if collectives.rank() == 0:
                 log.warning("checkpoint: skipping %s (unreadable on at least one rank); trying the previous one", path)
         raise RuntimeError(
             f"checkpoint: none of the checkpoints under {root} could be loaded "
@@ -255,7 +237,7 @@ class CheckpointManager:
                      start_perf=time.perf_counter(), first_in_process=not _SAVED_IN_PROCESS,
                      tmp=os.path.join(root, layout.iter_dir_name(step) + layout.TMP_SUFFIX))
         _SAVED_IN_PROCESS.append(step)
-        if _rank() == 0:
+        if collectives.rank() == 0:
             os.makedirs(root, exist_ok=True)
             if os.path.exists(save.tmp):
                 layout.remove_stale_tmp(root)
@@ -277,7 +259,7 @@ class CheckpointManager:
             self._queue().schedule_async_request(request)
             self._pending.append(save)
             save.blocking_s = self.last_save_seconds = time.perf_counter() - save.start_perf
-            if _rank() == 0:  # a sync save already logged "committed ..."
+            if collectives.rank() == 0:  # a sync save already logged "committed ..."
                 log.info("checkpoint: scheduled async save of step %d in %.3f s", step, save.blocking_s)
         self.last_save_seconds = save.blocking_s
         if self.interval is not None:
@@ -329,7 +311,7 @@ class CheckpointManager:
                             for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
         if not delay or not first_attempt:
             return 0.0
-        if _rank() == 0:
+        if collectives.rank() == 0:
             log.warning("checkpoint: checkpoint.simulated_slow_save: the save of step %d waits %.1f s before it is "
                         "committed (first attempt only)", step, delay)
         return delay
@@ -354,7 +336,7 @@ class CheckpointManager:
         root, step = self.config.save, save.step
         final, nbytes = os.path.join(root, layout.iter_dir_name(step)), None
         best = self.best.commit(step) if self.best is not None else None  # every rank ranks it the same way
-        if _rank() == 0:  # a best checkpoint's loss goes inside it before the rename: see BestCheckpoints
+        if collectives.rank() == 0:  # a best checkpoint's loss goes inside it before the rename: see BestCheckpoints
             final = layout.commit(root, save.tmp, step, best=best, shape=self.model_shape)
             nbytes = layout.directory_bytes(final)
             layout.remove_stale_tmp(root)

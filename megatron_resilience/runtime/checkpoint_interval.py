@@ -26,28 +26,15 @@ import statistics
 import time
 from typing import Any
 
-import torch
-
 from megatron_resilience.config import CheckpointConfig
 from megatron_resilience.goodput import daly, history
+from megatron_resilience.runtime import collectives
 
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "job_ledger.jsonl"  # megatron_resilience.jobs.ledger.LEDGER_FILE (not imported: another room)
 METRICS_FILE = "metrics.jsonl"
 KEEP = 20  # recent measurements per quantity
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _broadcast(value: Any) -> Any:
-    if not torch.distributed.is_initialized():
-        return value
-    holder = [value]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
 
 
 class AdaptiveInterval:
@@ -78,7 +65,7 @@ class AdaptiveInterval:
 
     def after_save(self, step: int, blocking_s: float | None, *, periodic: bool) -> None:
         now = time.monotonic()
-        if _rank() == 0 and self._mark is not None and step > self._mark[0]:
+        if collectives.rank() == 0 and self._mark is not None and step > self._mark[0]:
             seconds = now - self._mark[1] - (blocking_s or 0.0)
             if seconds > 0:
                 self._per_step = (self._per_step + [seconds / (step - self._mark[0])])[-KEEP:]
@@ -94,12 +81,12 @@ class AdaptiveInterval:
 
     # --- rank 0 -------------------------------------------------------------------------------------------------
     def _decide(self, step: int, why: str) -> None:
-        choice = self._choose(step, why) if _rank() == 0 else None
-        choice = _broadcast(choice)
+        choice = self._choose(step, why) if collectives.rank() == 0 else None
+        choice = collectives.broadcast_object(choice)
         if choice is None:
             return
         previous, self.steps = self.steps, int(choice["interval_steps"])
-        if _rank() == 0:
+        if collectives.rank() == 0:
             self._events.append(choice)
             if self.steps != previous or why == "restart":
                 log.info("checkpoint interval: %d steps (was %d) at step %d after a %s: tau %.2f s = Daly's "

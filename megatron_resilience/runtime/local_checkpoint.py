@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from megatron_resilience.config import PretrainConfig
-from megatron_resilience.runtime import checkpoint_state, model_shape
-from megatron_resilience.runtime.checkpoint import CheckpointManager, _all_ok
+from megatron_resilience.runtime import checkpoint_state, collectives, model_shape
+from megatron_resilience.runtime.checkpoint import CheckpointManager
 from megatron_resilience.runtime.state import TrainState
 from megatron_resilience.upstream import nvrx_local_checkpoint as nvrx_local
 
@@ -43,18 +43,6 @@ log = logging.getLogger(__name__)
 TIERS = ("memory", "local", "persistent")  # cheapest first: the order that breaks ties
 # session -> (step, CPU tensor-aware state dict): module state, so it lives across in-process restarts
 _MEMORY: dict[str, tuple[int, Any]] = {}
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank()
-
-
-def _all_min_max(value: int) -> tuple[int, int]:
-    nccl = torch.distributed.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    both = torch.tensor([-value, value], dtype=torch.int64, device=device)
-    torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
-    return int(-both[0].item()), int(both[1].item())
 
 
 def session_name(run_dir: str, *, world: int, tp: int, pp: int) -> str:
@@ -83,7 +71,7 @@ class LocalTier:
                                                                      timeout=timeout)
         self.manager = nvrx_local.local_checkpoint_manager(ckpt.local_dir, self.session,
                                                            keep_last_n=ckpt.local_keep_last_n, strategy=strategy)
-        if _rank() == 0:
+        if collectives.rank() == 0:
             replicas = f"replica groups {self.cliques}" if self.cliques else "no replicas"
             log.info("checkpoint: local tier under %s every %d steps (%s%s)",
                      os.path.join(ckpt.local_dir, self.session), self.interval, replicas,
@@ -118,7 +106,7 @@ class LocalTier:
     def newest_memory(self) -> int | None:
         """Collective: the step every rank holds in memory (None unless all hold the same one)."""
         held = _MEMORY.get(self.session)
-        low, high = _all_min_max(held[0] if held is not None else -1)
+        low, high = collectives.all_min_max(held[0] if held is not None else -1)
         return low if low == high and low >= 0 else None
 
     def load(self, state: TrainState, tier: str, step: int) -> None:
@@ -128,7 +116,7 @@ class LocalTier:
         else:
             self.manager.find_latest()
             missing = self.manager.ranks_without_own_part(step)
-            if missing and _rank() == 0:
+            if missing and collectives.rank() == 0:
                 log.warning("checkpoint: the local parts of rank(s) %s for step %d are not on their nodes (a lost or "
                             "replaced node): fetching them from their replicas (groups %s)", missing, step,
                             self.cliques)
@@ -152,7 +140,7 @@ class LocalTier:
             del _MEMORY[self.session]
         if removed:
             log.info("checkpoint: rank %d removed local files of saves cut off mid-write or newer than the step "
-                     "resumed (%d): %s", _rank(), step, ", ".join(os.path.basename(p) for p in removed))
+                     "resumed (%d): %s", collectives.rank(), step, ", ".join(os.path.basename(p) for p in removed))
 
     def discard_from(self, step: int) -> None:
         """Drop this rank's local files and memory copy of ``step`` and later (superseded by a persistent one)."""
@@ -160,7 +148,7 @@ class LocalTier:
         held = _MEMORY.get(self.session)
         if held is not None and held[0] >= step:
             del _MEMORY[self.session]
-        if removed and _rank() == 0:
+        if removed and collectives.rank() == 0:
             log.info("checkpoint: local checkpoints of step %d and later discarded (the persistent checkpoint of "
                      "step %d carries the rerun state machine's diagnosis)", step, step)
 
@@ -262,7 +250,7 @@ class TieredCheckpoints:
             self.local.forget_after(state.step)
             return resumed
         tier, newest, why = choice
-        if _rank() == 0:
+        if collectives.rank() == 0:
             log.info("checkpoint: resuming from the %s checkpoint of step %d (%s)", tier, newest, why)
         if tier == "persistent":
             resumed = self.persistent.load_latest(state)
@@ -273,9 +261,9 @@ class TieredCheckpoints:
                 resumed = True
             except Exception as err:  # noqa: BLE001 - a damaged local copy: the persistent tier is the fallback
                 log.warning("checkpoint: rank %d could not read the %s checkpoint of step %d (%s: %s); falling back "
-                            "to the persistent tier", _rank(), tier, newest, type(err).__name__, err)
+                            "to the persistent tier", collectives.rank(), tier, newest, type(err).__name__, err)
                 resumed = None
-            if not _all_ok(resumed is True):
+            if not collectives.all_ok(resumed is True):
                 tier, resumed = "persistent", self.persistent.load_latest(state)
                 newest = self.persistent.latest_step
             elif self.persistent.interval is not None:  # young_daly: the restart's decision, as the tier would
@@ -283,7 +271,7 @@ class TieredCheckpoints:
         self.resumed_from = {"tier": tier if resumed else None, "step": newest if resumed else None}
         self.local.forget_after(state.step)
         self.persistent.last_load_seconds = time.perf_counter() - start
-        if _rank() == 0 and tier != "persistent":
+        if collectives.rank() == 0 and tier != "persistent":
             log.info("checkpoint: resumed from the %s checkpoint (step %d, consumed_samples %d) in %.3f s", tier,
                      state.step, state.consumed_samples, self.persistent.last_load_seconds)
         return bool(resumed)
