@@ -43,6 +43,7 @@ from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, reso
 from megatron_resilience.jobs.preemption_margin import preempt_time_of
 from megatron_resilience.plugins import node_range
 from megatron_resilience.plugins._executor import set_setup_block, slurm_job_file
+from megatron_resilience.plugins.shell_templates import render_shell
 from megatron_resilience.plugins.task_settings import finished_evidence
 from megatron_resilience.upstream import import_nemo_run
 
@@ -103,102 +104,11 @@ def install(executor: Any, editor: Any) -> None:
 
 
 def render(cfg: JobLevelConfig, *, flag_step: str) -> str:
+    """The decision block of the sbatch script (``templates/batch_decision.sh.j2``), every path shell-quoted."""
     q = shlex.quote
-    flag, marker, config = q(cfg.finished_flag), q(cfg.stop_marker), q(cfg.path)
-    ledger, stop_reason = q(cfg.ledger), q(cfg.stop_reason or "")
-    lines = ["# The job-level decision (megatron_resilience.jobs): why this attempt ended, and whether the job",
-             "# continues; nemo_run's own requeue below is deferred to it (see plugins/batch_decision.py)"]
-    if not cfg.ft:  # nemo_run's FT setup exports it (and handles a finished requeued job) itself
-        lines.append(f"export FAULT_TOL_FINISHED_FLAG_FILE={q(flag_step)}")
-    lines += [
-        'megatron_resilience_attempt=$(( ${SLURM_RESTART_COUNT:-0} + ${MEGATRON_RESILIENCE_RESUBMISSION:-0} ))',
-        'if [ "$megatron_resilience_attempt" -gt 0 ]; then',
-        # before the stop marker: a finished run requeued by hand (or by Slurm) ends as finished, not as stopped
-        f'    if [ -f {flag} ]; then echo "Training is finished"; exit 0; fi',
-        f'    if [ -f {marker} ]; then echo "megatron_resilience: this run was stopped: $(cat {marker})"; exit 1; fi',
-        "else",
-        f"    rm -f {marker}" + ("" if cfg.ft else f" {flag}"),
-        "fi",
-    ]
-    if cfg.stop_reason:
-        lines.append(f"rm -f {stop_reason}")
-    lines += [
-        f"mkdir -p {q(os.path.dirname(cfg.ledger))}",
-        f"cat > {config} <<'MEGATRON_RESILIENCE_JOB_LEVEL'",
-        json.dumps(json.loads(cfg.to_json()), sort_keys=True, indent=1),
-        "MEGATRON_RESILIENCE_JOB_LEVEL",
-        'megatron_resilience_nodes=$(command scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | paste -sd, -)',
-        f"megatron_resilience_offset=$(stat -c %s {q(cfg.job_dir)}/sbatch_*_\"$SLURM_JOB_ID\".out 2>/dev/null "
-        "| head -n 1)",
-        "printf '{\"v\":1,\"kind\":\"attempt_start\",\"job_id\":\"%s\",\"job_name\":\"%s\",\"slurm_restart\":%d,"
-        "\"resubmission\":%d,\"nodes\":\"%s\",\"host\":\"%s\",\"time\":%s,\"batch_log_offset\":%d,"
-        "\"config\":\"%s\"}\\n' \"$SLURM_JOB_ID\" \"$SLURM_JOB_NAME\" \"${SLURM_RESTART_COUNT:-0}\" "
-        "\"${MEGATRON_RESILIENCE_RESUBMISSION:-0}\" \"$megatron_resilience_nodes\" \"$(hostname)\" \"$(date +%s.%N)\" "
-        f"\"${{megatron_resilience_offset:-0}}\" {config} >> {ledger}",
-        'megatron_resilience_batch_signal=""  # a signal the scheduler sent this shell (preemption, scancel --full)',
-        "megatron_resilience_signalled() {",
-        '    megatron_resilience_batch_signal=$1',
-        '    echo "megatron_resilience: the batch shell received SIG$1 (preemption, scancel --full); the job step'
-        ' has ended: deciding"',
-        "}",
-        *(f"trap 'megatron_resilience_signalled {sig}' {sig}" for sig in BATCH_SIGNALS),
-        "# srun in a session of its own: a signal to this script's process group must not make srun kill the step.",
-        "# An srun wrapper defined above (FaultTolerancePlugin's ft_launcher flags) runs srun with this prefix itself.",
-        "command -v setsid >/dev/null && megatron_resilience_srun_prefix='setsid -w'",
-        "declare -F srun >/dev/null || srun() { ${megatron_resilience_srun_prefix:-command} srun \"$@\"; }",
-        "megatron_resilience_nemo_run_retries=${TORCHX_MAX_RETRIES:-0}",
-        f"export TORCHX_MAX_RETRIES={RETRIES_WITHOUT_LIMIT}  # nemo_run's own failure limit never decides; see above",
-        "scontrol() {",
-        '    if [ "$1" = requeue ] && [ "$2" = "$SLURM_JOB_ID" ]; then',
-        '        echo "megatron_resilience: nemo_run asks to requeue $SLURM_JOB_ID: left to the job-level decision"',
-        "        return 0",
-        "    fi",
-        '    command scontrol "$@"',
-        "}",
-        'exitcode=""  # set by nemo_run after the job step; empty: the step never ran',
-        "megatron_resilience_fallback() {",
-        "    # nemo_run's own decision with its TORCHX_MAX_RETRIES, for when the classifier cannot run",
-        "    export TORCHX_MAX_RETRIES=$megatron_resilience_nemo_run_retries",
-    ]
-    if cfg.ft:
-        lines += [
-            "    if ! (is_training_finished || is_job_failures_limit_reached); then",
-            '        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"',
-            "    fi",
-        ]
-    else:
-        lines += [
-            '    if [ "$exitcode" -ne 0 ] && [ "$TORCHX_MAX_RETRIES" -gt "${SLURM_RESTART_COUNT:-0}" ]; then',
-            '        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"',
-            "    fi",
-        ]
-        if cfg.stop_reason:
-            lines += [
-                f"    if [ ! -f {flag} ] && [ -f {stop_reason} ] && grep -Eq '\"exit_code\": ?0[,}}]' {stop_reason} \\",
-                f"            && grep -Eq '\"finished\": ?false' {stop_reason}; then",
-                '        command scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"',
-                "    fi",
-            ]
-    lines += [
-        '    exit "$exitcode"',
-        "}",
-        "megatron_resilience_decide() {",
-        "    local status=$? out rc code",
-        "    { set +exv; } 2>/dev/null",
-        "    trap '' TERM  # our own requeue makes Slurm signal this shell at once: finish recording first",
-        '    [ -n "$exitcode" ] || exit "$status"',
-        '    out=$("${MEGATRON_RESILIENCE_PYTHON:-python3}" -m megatron_resilience.jobs.batch_exit '
-        f'--config {config} --exit-code "$exitcode" --nemo-run-retries "$megatron_resilience_nemo_run_retries" '
-        '--batch-signal "$megatron_resilience_batch_signal" 2>&1)',
-        "    rc=$?",
-        '    printf "%s\\n" "$out"',
-        "    code=$(printf '%s\\n' \"$out\" | sed -n 's/^megatron_resilience: batch exit code \\([0-9]*\\)$/\\1/p' "
-        "| tail -n 1)",
-        '    if [ "$rc" = 0 ] && [ -n "$code" ]; then exit "$code"; fi',
-        '    echo "megatron_resilience: the job-level classifier failed (exit $rc);" \\',
-        '        "falling back to nemo_run\'s decision"',
-        "    megatron_resilience_fallback",
-        "}",
-        "trap megatron_resilience_decide EXIT",
-    ]
-    return "\n".join(lines)
+    return render_shell("batch_decision.sh.j2",
+        ft=cfg.ft, flag_step=q(flag_step), flag=q(cfg.finished_flag), marker=q(cfg.stop_marker), config=q(cfg.path),
+        ledger=q(cfg.ledger), stop_reason=q(cfg.stop_reason) if cfg.stop_reason else "",
+        ledger_dir=q(os.path.dirname(cfg.ledger)), job_dir=q(cfg.job_dir),
+        job_level_json=json.dumps(json.loads(cfg.to_json()), sort_keys=True, indent=1),
+        batch_signals=BATCH_SIGNALS, retries_without_limit=RETRIES_WITHOUT_LIMIT)

@@ -32,6 +32,8 @@ import re
 import shlex
 from typing import Any
 
+from megatron_resilience.plugins.shell_templates import render_shell
+
 # Sections the trainer opens (megatron_resilience.resilience); nvidia-resiliency-ext 0.4 rejects a
 # section missing from the config ("Unknown section"), so all of them are always listed.
 SECTIONS = ("setup", "step", "checkpointing")
@@ -123,65 +125,8 @@ def launcher_flags_block(flags: list[str], *, nnodes: str | None = None, keep_su
     requeued 2-node job, Slurm 22.05 still starts the step with the submitted task count (measured on the local
     cluster: two agents on the one node, ``sacct`` NTasks 2, the second waiting in the rendezvous as a spare).
     """
-    if nnodes is None and not keep_survivors:
-        return (
-            "# ft_launcher reads these settings only from its command line, for which nemo_run has no field:\n"
-            "# insert them right after 'ft_launcher' in the srun command of the job step below\n"
-            f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})\n"
-            "srun() {\n"
-            "    local args=() arg added=0\n"
-            '    for arg in "$@"; do\n'
-            '        args+=("$arg")\n'
-            '        if [ "$added" = 0 ] && [ "$arg" = ft_launcher ]; then\n'
-            '            args+=("${megatron_resilience_ft_launcher_flags[@]}")\n'
-            "            added=1\n"
-            "        fi\n"
-            "    done\n"
-            '    ${megatron_resilience_srun_prefix:-command} srun "${args[@]}"\n'
-            "}"
-        )
-    lines = ["# The job step's srun command, rewritten where nemo_run has no field (other srun calls run as they are):"]
-    if flags:
-        lines.append("# - ft_launcher settings read only from its command line, right after 'ft_launcher'")
-    if nnodes is not None:
-        lines.append("# - ft_launcher --nnodes: the node range, up to the nodes this attempt was given "
-                     "(FaultTolerancePlugin.min_nodes)")
-    if keep_survivors:
-        lines.append("# - srun --kill-on-bad-exit=0 --wait=0: a lost node's agent does not end the surviving agents")
-    if nnodes is not None:
-        lines.append("# - srun --ntasks=$SLURM_JOB_NUM_NODES: one ft_launcher per node of this attempt (a resized "
-                     "job's step would inherit the submitted task count: two agents on one node)")
-    lines += [
-        f"megatron_resilience_ft_launcher_flags=({shlex.join(flags)})",
-        "srun() {",
-        "    local args=() arg added=0 nnodes_next=0",
-        '    case " $* " in *" ft_launcher "*) ;; '
-        '*) ${megatron_resilience_srun_prefix:-command} srun "$@"; return ;; esac',
-        '    for arg in "$@"; do',
-        '        if [ "$nnodes_next" = 1 ]; then',
-        f'            arg="{nnodes}"; nnodes_next=0' if nnodes is not None else "            nnodes_next=0",
-        '        elif [ "$added" = 0 ]; then',
-    ]
-    if keep_survivors:
-        lines.append('            case "$arg" in --kill-on-bad-exit=*) arg=--kill-on-bad-exit=0 ;; '
-                     '--wait=*) arg=--wait=0 ;; esac')
-    else:
-        lines.append("            :")
-    lines += [
-        '        elif [ "$arg" = --nnodes ]; then',
-        "            nnodes_next=1",
-        "        fi",
-        '        args+=("$arg")',
-        '        if [ "$added" = 0 ] && [ "$arg" = ft_launcher ]; then',
-        '            args+=("${megatron_resilience_ft_launcher_flags[@]}")',
-        "            added=1",
-        "        fi",
-        "    done",
-        '    ${megatron_resilience_srun_prefix:-command} srun --ntasks="$SLURM_JOB_NUM_NODES" "${args[@]}"'
-        if nnodes is not None else '    ${megatron_resilience_srun_prefix:-command} srun "${args[@]}"',
-        "}",
-    ]
-    return "\n".join(lines)
+    return render_shell("ft_launcher_flags.sh.j2", flags=shlex.join(flags), nnodes=nnodes,
+                        keep_survivors=keep_survivors)
 
 
 def pre_launch_lines(path: str, yaml_text: str) -> list[str]:
