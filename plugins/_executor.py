@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from megatron_resilience.config import ConfigError
+from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.upstream import LAUNCHER_FORWARDED_SIGNALS, import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")
 
-_CLAIMS = "_megatron_resilience_plugins"
-_PREEMPTION_SIGNAL = "_megatron_resilience_preemption_signal"
 _BLOCK_BEGIN = "# >>> megatron_resilience {name} >>>"
 _BLOCK_END = "# <<< megatron_resilience {name} <<<"
 
@@ -26,10 +25,9 @@ _BLOCK_END = "# <<< megatron_resilience {name} <<<"
 def claim(executor: Any, plugin: str) -> None:
     """Reject a second plugin of the same kind on one job: their settings would silently fight.
 
-    The mark is a plain attribute on the (cloned) executor object, not a dataclass field, so it
-    never reaches the sbatch script or the serialized executor.
+    The mark is in the job's plan (``job_plan.py``): it never reaches the sbatch script or the serialized executor.
     """
-    claims = executor.__dict__.setdefault(_CLAIMS, [])
+    claims = plan_of(executor).claims
     if plugin in claims:
         raise ConfigError(f"conflicting plugins: {plugin} is given twice for the same job; "
                           f"pass one {plugin} with all its settings")
@@ -106,12 +104,12 @@ def launcher_name(launcher: Any) -> str | None:
 
 
 def remember_preemption_signal(executor: Any, signal: str) -> None:
-    executor.__dict__[_PREEMPTION_SIGNAL] = signal
+    plan_of(executor).preemption_signal = signal
 
 
 def check_signal_reaches_trainer(executor: Any, plugin: str) -> None:
     """The preemption signal must be one the launcher forwards; called by both plugins (any order)."""
-    signal, name = executor.__dict__.get(_PREEMPTION_SIGNAL), launcher_name(executor.launcher)
+    signal, name = plan_of(executor).preemption_signal, launcher_name(executor.launcher)
     if signal and name and signal not in LAUNCHER_FORWARDED_SIGNALS:
         raise ConfigError(
             f"{plugin}: PreemptionPlugin.signal={signal} would not reach the trainer: {name} forwards only "

@@ -43,6 +43,7 @@ from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, reso
 from megatron_resilience.jobs.preemption_margin import preempt_time_of
 from megatron_resilience.plugins import node_range
 from megatron_resilience.plugins._executor import set_setup_block, slurm_job_file
+from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.plugins.shell_templates import render_shell
 from megatron_resilience.plugins.task_settings import finished_evidence
 from megatron_resilience.upstream import import_nemo_run
@@ -50,20 +51,18 @@ from megatron_resilience.upstream import import_nemo_run
 BLOCK = "job-level decision"
 STOP_REASON_FILE = "stop_reason.json"  # written by the trainer's rank 0 (resilience/hooks.py; checked in tests)
 RETRIES_WITHOUT_LIMIT = 1000000
-_POLICY = "_megatron_resilience_restart_policy"
 # Signals a scheduler sends the batch shell to stop a job (the trainer's exit_signal among them).
 BATCH_SIGNALS = ("TERM", "INT", "USR1", "USR2")
-_NO_RESTART = "_megatron_resilience_no_restart_exit_code"
 
 
 def remember_policy(executor: Any, settings: dict[str, Any]) -> None:
     """RestartPolicyPlugin: the resolved policy/monitors and watcher settings, for whichever plugin renders last."""
-    executor.__dict__[_POLICY] = settings
+    plan_of(executor).policy_settings = settings
 
 
 def remember_no_restart_exit_code(executor: Any, code: int) -> None:
     """FaultTolerancePlugin: ft_launcher's "do not restart" exit code when the user changed it (default 93)."""
-    executor.__dict__[_NO_RESTART] = code
+    plan_of(executor).no_restart_exit_code = code
 
 
 def uses_ft_launcher(launcher: Any) -> bool:
@@ -73,7 +72,7 @@ def uses_ft_launcher(launcher: Any) -> bool:
 
 def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
     """The job-level config of this job (policy None without a RestartPolicyPlugin)."""
-    settings = executor.__dict__.get(_POLICY)
+    settings = plan_of(executor).policy_settings
     if settings is None:
         policy, monitors = resolve(None, None)
         settings = {"policy": policy, "monitors": monitors}
@@ -88,7 +87,7 @@ def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
         metrics=os.path.join(run_dir, "metrics.jsonl") if run_dir else None,
         checkpoint_dir=checkpoint if isinstance(checkpoint, str) else finished.get("checkpoint_dir"),
         train_iters=finished.get("train_iters"), ft=uses_ft_launcher(executor.launcher),
-        no_restart_exit_code=executor.__dict__.get(_NO_RESTART, taxonomy.NVRX_NO_RESTART_EXIT_CODE),
+        no_restart_exit_code=plan_of(executor).no_restart_exit_code or taxonomy.NVRX_NO_RESTART_EXIT_CODE,
         cycle_info_dir=os.path.join(job_dir, "ft_cycle_info"),
         cycle_log_prefix=os.path.join(job_dir, "ft_cycle_logs", "cycle"),
         sbatch_script=os.path.join(executor.tunnel.job_dir, f"{executor.job_name}_sbatch.sh"),

@@ -37,17 +37,17 @@ import math
 from typing import Any
 
 from megatron_resilience.config import ConfigError
+from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.upstream.launcher import elastic_node_range, version_text
 
 log = logging.getLogger("megatron_resilience.plugins")
 
 NAME = "FaultTolerancePlugin"
-_SETTINGS = "_megatron_resilience_node_range"
 
 
 def remembered(executor: Any) -> dict[str, int] | None:
     """What ``setup`` recorded for the job-level config: min_nodes, nodes, ntasks_per_node (None: no range)."""
-    return executor.__dict__.get(_SETTINGS)
+    return plan_of(executor).node_range
 
 
 def ft_launcher_nnodes(min_nodes: int, version: tuple[int, ...]) -> str:
@@ -88,7 +88,7 @@ def setup(min_nodes: int | None, *, editor: Any, executor: Any, profile: Any, ve
              else f"nvidia-resiliency-ext {version_text(version)} reads a node range as hot spares: a lost node ends "
              "the attempt", min_nodes, nodes)
     # One ft_launcher per node: nemo_run renders ntasks_per_node=1 for it (the ranks are its children).
-    executor.__dict__[_SETTINGS] = {"min_nodes": min_nodes, "nodes": nodes, "ntasks_per_node": 1}
+    plan_of(executor).node_range = {"min_nodes": min_nodes, "nodes": nodes, "ntasks_per_node": 1}
 
 
 def warn_min_healthy(min_nodes: int, nodes: int, restart_policy: str | None, *, inprocess_restart: bool,

@@ -39,6 +39,7 @@ from megatron_resilience.config.overrides import config_from_overrides
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.config.slurm_time import slurm_time_seconds, time_note
 from megatron_resilience.config.validate import check_int, fail
+from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.plugins.job_shape import check_ranks_per_node, ranks_per_node
 from megatron_resilience.upstream import import_nemo_run
 
@@ -46,7 +47,6 @@ log = logging.getLogger("megatron_resilience.plugins")
 
 ENTRY = "megatron_resilience.entry.pretrain"
 MODULE = "megatron_resilience"
-_NOTED = "_megatron_resilience_time_noted"
 _SHELL = ("$", "`")  # values the batch shell expands: unknown at submit time, not checked
 _CONTROL = {"|", "||", "&&", ";", "&", ";;", "(", ")", "|&", ">", ">>", "<"}  # the trainer's arguments end there
 
@@ -132,8 +132,8 @@ def check_executor(executor: Any) -> None:
         fail("executor.account", "must be a Slurm account name", executor.account)
     slurm_time_seconds(executor.time)
     note = time_note(executor.time)
-    if note and not executor.__dict__.get(_NOTED):
-        executor.__dict__[_NOTED] = True  # once per job, however many plugins run the check
+    if note and not plan_of(executor).time_noted:
+        plan_of(executor).time_noted = True  # once per job, however many plugins run the check
         log.warning("%s", note)
 
 

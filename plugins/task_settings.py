@@ -28,6 +28,7 @@ from typing import Any, Callable
 from megatron_resilience.config import ConfigError
 from megatron_resilience.plugins import partial_trainers, trainer_detect
 from megatron_resilience.plugins._task import TaskEditor, describe_task, our_trainer_editor
+from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.plugins.script_args import (
     converter_name,
     detect_converter,
@@ -203,7 +204,6 @@ def trainer_paths(target: TrainerTarget) -> TrainerPaths:
     return TrainerPaths()
 
 
-_FINISHED_EVIDENCE = "_megatron_resilience_finished_evidence"
 
 
 def remember_finished_evidence(executor: Any, target: TrainerTarget) -> None:
@@ -214,13 +214,13 @@ def remember_finished_evidence(executor: Any, target: TrainerTarget) -> None:
         return
     paths = trainer_paths(target)
     directory = paths.checkpoint_save or paths.checkpoint_load
-    executor.__dict__[_FINISHED_EVIDENCE] = {"checkpoint_dir": directory if isinstance(directory, str) else None,
-                                             "train_iters": paths.train_iters}
+    plan_of(executor).finished_evidence = {"checkpoint_dir": directory if isinstance(directory, str) else None,
+                                           "train_iters": paths.train_iters}
 
 
 def finished_evidence(executor: Any) -> dict[str, Any]:
     """What :func:`remember_finished_evidence` recorded on this executor ({} when nothing)."""
-    return dict(executor.__dict__.get(_FINISHED_EVIDENCE) or {})
+    return dict(plan_of(executor).finished_evidence)
 
 
 __all__ = ["CHECKPOINT_TRACKER_FILE", "TrainerPaths", "TrainerTarget", "append_script_args", "finished_evidence",
