@@ -18,11 +18,24 @@ from typing import Any
 
 from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.validate import check_int
+from megatron_resilience.upstream import import_nemo_run
 
 
 def ranks_per_node(executor: Any) -> int:
     per_node = getattr(executor, "torchrun_nproc_per_node", None) or executor.ntasks_per_node
     return per_node if isinstance(per_node, int) else per_node[0]
+
+
+def world_size(executor: Any) -> int:
+    """Ranks the job starts: nodes x ranks per node. The one definition (submit-time checks, the CLI's summary):
+    on Slurm the ranks per node are the launcher's processes (``ranks_per_node``: nemo_run renders one srun task
+    per node for torchrun/ft_launcher), elsewhere nemo_run's own ``nproc_per_node``."""
+    run = import_nemo_run()
+    nodes = executor.nnodes()
+    per_node = ranks_per_node(executor) if isinstance(executor, run.SlurmExecutor) else executor.nproc_per_node()
+    check_int("executor.nodes", nodes, minimum=1)
+    check_int("executor.ntasks_per_node", per_node, minimum=1)
+    return nodes * per_node
 
 
 def _fits(config: PretrainConfig | None, world_size: int) -> str | None:

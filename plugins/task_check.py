@@ -38,9 +38,9 @@ from megatron_resilience.config import ConfigError, PretrainConfig
 from megatron_resilience.config.overrides import config_from_overrides
 from megatron_resilience.config.paths import check_paths
 from megatron_resilience.config.slurm_time import slurm_time_seconds, time_note
-from megatron_resilience.config.validate import check_int, fail
+from megatron_resilience.config.validate import fail
 from megatron_resilience.plugins.job_plan import plan_of
-from megatron_resilience.plugins.job_shape import check_ranks_per_node, ranks_per_node
+from megatron_resilience.plugins.job_shape import check_ranks_per_node, world_size
 from megatron_resilience.upstream import import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")
@@ -106,15 +106,6 @@ def task_config(task: Any) -> tuple[PretrainConfig | None, set[str]]:
     return config_from_overrides(known), unchecked
 
 
-def executor_world_size(executor: Any) -> int:
-    run = import_nemo_run()
-    nodes = executor.nnodes()
-    per_node = ranks_per_node(executor) if isinstance(executor, run.SlurmExecutor) else executor.nproc_per_node()
-    check_int("executor.nodes", nodes, minimum=1)
-    check_int("executor.ntasks_per_node", per_node, minimum=1)
-    return nodes * per_node
-
-
 def sees_job_filesystem(executor: Any) -> bool:
     """True when paths on this machine are the job's paths: a LocalExecutor, or Slurm through a LocalTunnel."""
     run = import_nemo_run()
@@ -167,7 +158,7 @@ def check_task(task: Any, executor: Any = None, *, plugins: list[Any] | None = N
     if config is None:
         return None
     if executor is not None:
-        config.validate_world_size(executor_world_size(executor))
+        config.validate_world_size(world_size(executor))
         if sees_job_filesystem(executor):
             check_paths(config, skip=unchecked)
         if plugins is not None:

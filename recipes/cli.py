@@ -26,6 +26,7 @@ from megatron_resilience.config.keys import key_listing
 from megatron_resilience.config.overrides import config_to_overrides, reject_repeated_keys
 from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.entry import pretrain
+from megatron_resilience.plugins.job_shape import world_size
 from megatron_resilience.plugins.task_check import check_task
 from megatron_resilience.recipes.gpt import RECIPES, to_config
 from megatron_resilience.recipes.overrides import (
@@ -151,11 +152,6 @@ for _name, _recipe in RECIPES.items():
 
 
 # --- the command -------------------------------------------------------------------------------------------
-
-
-def world_size(executor: Any) -> int:
-    """Ranks the executor starts: nodes x processes per node (torchrun/ft_launcher or srun tasks)."""
-    return executor.nnodes() * executor.nproc_per_node()
 
 
 def is_slurm(executor: Any) -> bool:
