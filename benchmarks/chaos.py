@@ -3,6 +3,7 @@
     python benchmarks/chaos.py [--variants off] [--intervals young_daly,short,long] [--mtbf 60s] [--seed 27]
                                [--clock training|allocation]
                                [--max-count 10] [--steps 1600] [--ranks-per-node 1] [--out DIR] [--json PATH]
+                               [--lemon NODE=WEIGHT] [--long-form]
 
 Each run is the real trainer submitted through NeMo-Run's ``SlurmExecutor`` to the repo's multi-node Slurm
 instance (``MR_SLURM_INSTANCE=multinode``: 2 nodes + 1 reserved node, started here when needed) with
@@ -18,6 +19,10 @@ checkout does not have is reported as unavailable. Intervals: ``young_daly`` (th
 optimum), ``short`` / ``long`` (a fixed interval 10x shorter / longer than the optimum: ``--optimum-steps``, or
 the one the young_daly run recommended). The table prints goodput / E* for each run; the JSON has every
 report; each run directory keeps its report text and timeline PNG.
+
+``--long-form`` is the acceptance of a weeks-long run (the command in docs/goodput.md): the plugins' shipped
+restart counts, at least 40 faults on the allocation clock, 2 ranks per node, a lemon node (``--lemon``); the
+report lists each fault as classified and the nodes excluded, and the table goodput / E*.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from common import REPO, describe, machine, table, write_json  # noqa: E402
 
 INTERVALS = ("young_daly", "short", "long")
 # Every variant: trainer overrides (``{run_dir}`` filled in), FaultTolerancePlugin arguments, and the Slurm layout.
-BASE_FT = dict(num_in_job_restarts=30, num_job_retries_on_failure=0, calc_ft_timeouts=False, setup_timeout=600.0,
+# Restart counts raised by hand for the short runs (a dense stream in one allocation); --long-form keeps the
+# plugins' shipped counts (RESTART_COUNTS dropped) and relies on the job-level decision's refilled budgets.
+RESTART_COUNTS = dict(num_in_job_restarts=30, num_job_retries_on_failure=0)
+BASE_FT = dict(**RESTART_COUNTS, calc_ft_timeouts=False, setup_timeout=600.0,
                step_timeout=20.0, checkpointing_timeout=120.0, out_of_section_timeout=120.0,
                workload_check_interval=1.0)
 VARIANTS = {
@@ -64,7 +72,7 @@ def start_cluster(instance: str | None) -> dict[str, str]:
 
 
 def build(root: str, name: str, *, steps: int, interval: str, optimum_steps: int | None, mtbf: float,
-          variant: dict, shape: list[str], step_delay: float, ranks_per_node: int = 1):
+          variant: dict, shape: list[str], step_delay: float, ranks_per_node: int = 1, shipped_counts: bool = False):
     """The task and plugins of one run (a reference: ``VARIANTS["off"]``'s settings at a variant's shape, no chaos)."""
     from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin
     from megatron_resilience.recipes import apply_overrides, gpt_tiny
@@ -83,7 +91,8 @@ def build(root: str, name: str, *, steps: int, interval: str, optimum_steps: int
         overrides += [f"checkpoint.save_interval={every}", f"checkpoint.expected_mtbf_hours={mtbf / 3600}"]
     overrides += [o.format(run_dir=run_dir) for o in variant["overrides"]]
     task = apply_overrides(task, overrides)
-    plugins = [FaultTolerancePlugin(**BASE_FT, **variant["ft"]), PreemptionPlugin(preempt_time=60),
+    ft = {k: v for k, v in BASE_FT.items() if not (shipped_counts and k in RESTART_COUNTS)}
+    plugins = [FaultTolerancePlugin(**ft, **variant["ft"]), PreemptionPlugin(preempt_time=60),
                RestartPolicyPlugin(policy="megatron_transient")]
     return task, plugins, overrides
 
@@ -154,7 +163,7 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
         task, plugins, overrides = build(args.out, name, steps=args.steps, interval=interval,
                                          optimum_steps=optimum_steps, mtbf=args.mtbf, variant=variant,
                                          shape=args.shape, step_delay=args.step_delay,
-                                         ranks_per_node=args.ranks_per_node)
+                                         ranks_per_node=args.ranks_per_node, shipped_counts=args.long_form)
     except (TypeError, ValueError) as err:  # a setting of a feature this checkout does not have
         return {"name": name, "variant": variant_name, "interval": interval, "unavailable": str(err)}
     run_dir = task.run_dir
@@ -170,7 +179,8 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
                               "--mtbf", str(args.mtbf), "--clock", args.clock, "--mix", args.mix,
                               "--seed", str(args.seed),
                               "--max-count", str(args.max_count), "--max-time", str(args.job_minutes * 60),
-                              "--repair", str(args.repair)], env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT)
+                              "--repair", str(args.repair), *(f"--lemon={x}" for x in args.lemon)],
+                             env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT)
     started = time.monotonic()
     while not ledger.records("attempt_start") and time.monotonic() - started < 600:
         time.sleep(1)  # the watcher reads the job-level config the batch script writes at its start
@@ -234,13 +244,25 @@ def main(argv: list[str] | None = None) -> int:
                    "fault hits rank 0, which hosts the job's store, or another rank")
     p.add_argument("--out", default=None, help="runs go here (default /tmp/mr-chaos-<time>)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--lemon", action="append", default=[], metavar="NODE=WEIGHT",
+                   help="a node faults pick WEIGHT times as often (chaos --lemon); --long-form: the fault partition's "
+                        "first node, weight 4, unless given")
+    p.add_argument("--long-form", action="store_true", help=(
+        "the acceptance of weeks-long runs (issue 34): the plugins' shipped restart counts (no hand-raised "
+        "num_in_job_restarts), RestartPolicyPlugin(policy='megatron_transient'), at least 40 faults on the "
+        "allocation clock, 2 ranks per node, variant off at Daly's interval, a lemon node"))
     args = p.parse_args(argv)
+    if args.long_form:
+        args.max_count, args.clock, args.ranks_per_node = max(args.max_count, 40), "allocation", 2
+        args.variants, args.intervals = "off", "young_daly"
     args.out = os.path.abspath(args.out or f"/tmp/mr-chaos-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(args.out, exist_ok=True)
     os.environ.setdefault("NEMORUN_HOME", os.path.join(args.out, "nemorun_home"))
     # sbatch exports this environment to the jobs: their python, ft_launcher and torchrun are this checkout's
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     clusters = {"multinode": start_cluster("multinode"), "default": start_cluster(None)}
+    if args.long_form and not args.lemon:  # the node a job of the fault partition starts on (lowest Weight)
+        args.lemon = [f"{clusters['multinode']['fault_nodes'].split(',')[0]}=4"]
 
     # the uninterrupted references, on the default cluster, beside the chaos runs: one per data-parallel size the
     # variants start at (a variant on 2 nodes trains at DP 2, whose gradients are summed in another order than at

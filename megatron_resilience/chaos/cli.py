@@ -27,6 +27,20 @@ def duration(text: str) -> float:
     return float(match.group(1)) * UNITS[match.group(2) or ""]
 
 
+def lemons(items: list[str]) -> dict[str, float]:
+    """``["mn2=5"]`` -> ``{"mn2": 5.0}``; a malformed item is a ValueError naming the option."""
+    out: dict[str, float] = {}
+    for item in items:
+        node, sep, weight = item.partition("=")
+        try:
+            out[node.strip()] = float(weight) if sep else float("nan")
+        except ValueError:
+            out[node.strip()] = float("nan")
+        if not sep or not node.strip() or out[node.strip()] != out[node.strip()]:
+            raise ValueError(f"chaos --lemon: must be NODE=WEIGHT (e.g. mn2=5), got {item!r}")
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m megatron_resilience.chaos", description=(
         "Inject a seeded stream of realistic failures into the running Slurm job of RUN_DIR (and only that job): "
@@ -44,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", type=duration, default=60.0, help="a node taken down is resumed after (default 60s)")
     p.add_argument("--job-id", default=None, help="the job, when RUN_DIR's ledger has no attempt yet")
     p.add_argument("--rank", type=int, default=None, help="always this rank (default: drawn per fault)")
+    p.add_argument("--lemon", action="append", default=[], metavar="NODE=WEIGHT",
+                   help="a node that fails more often: a fault that picks a node picks NODE WEIGHT times as often as "
+                        "any other (repeatable; e.g. --lemon mn2=5)")
     p.add_argument("--plan", action="store_true", help="print the stream the seed gives and exit (touches nothing)")
     return p
 
@@ -54,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         mix = load_mix(args.mix)
         cfg = ChaosConfig(run_dir=args.run_dir, mtbf=args.mtbf, clock=args.clock, mix=args.mix, seed=args.seed,
                           max_count=args.max_count, max_time=args.max_time, repair=args.repair, job_id=args.job_id,
-                          rank=args.rank)
+                          rank=args.rank, lemons=lemons(args.lemon))
     except (ConfigError, ValueError) as err:
         print(f"megatron_resilience chaos: {err}", file=sys.stderr)
         return 2

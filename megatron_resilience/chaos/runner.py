@@ -25,7 +25,7 @@ import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from megatron_resilience.chaos import inject as actions
@@ -52,6 +52,9 @@ class ChaosConfig:
     rank: int | None = None  # always this rank (default: drawn)
     poll: float = 0.5
     recover_timeout: float = 900.0  # longest wait for the job to train again after a fault
+    # node -> weight of a node that fails more often than the others (a lemon): a fault that picks a node picks
+    # it ``weight`` times as often as a node not named here (weight 1)
+    lemons: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("mtbf", "max_time", "repair", "poll", "recover_timeout"):
@@ -62,8 +65,22 @@ class ChaosConfig:
             raise ValueError(f"chaos --max-count: must be an integer >= 1, got {self.max_count!r}")
         if self.clock not in CLOCKS:
             raise ValueError(f"chaos --clock: must be one of {list(CLOCKS)}, got {self.clock!r}")
+        for node, weight in self.lemons.items():
+            if not isinstance(node, str) or not node or isinstance(weight, bool) \
+                    or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+                raise ValueError(f"chaos --lemon: must be NODE=WEIGHT with a node name and a finite weight > 0, "
+                                 f"got {node!r}={weight!r}")
         if not os.path.isdir(self.run_dir):
             raise ValueError(f"chaos RUN_DIR: no such run directory {self.run_dir!r}")
+
+
+def pick_node(nodes: list[str], seed: int, lemons: dict[str, float]) -> str:
+    """The node a fault lands on: drawn from the job's nodes by the fault's seed, a lemon ``weight`` times as often
+    (without a lemon among ``nodes``, the same draw as without lemons, so a seed keeps its stream)."""
+    rng = random.Random(seed)
+    if not any(n in lemons for n in nodes):
+        return nodes[rng.randrange(len(nodes))]
+    return rng.choices(nodes, weights=[float(lemons.get(n, 1.0)) for n in nodes])[0]
 
 
 @dataclass
@@ -260,7 +277,7 @@ class Chaos:
         if state != "RUNNING" or not nodes:
             record.update(ok=False, time=time.time(), why=f"job {job} is {state}, not running")
         else:
-            node = nodes[random.Random(item.seed).randrange(len(nodes))]
+            node = pick_node(nodes, item.seed, self.cfg.lemons)
             record.update(actions.inject(spec, job=job, restart=restart, nodes=nodes, node=node, seed=item.seed,
                                          run_dir=self.cfg.run_dir, rank=self.cfg.rank))
             if spec.where == "node" and record.get("ok"):
