@@ -185,40 +185,47 @@ def _cycle_ends(mine: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
 
 def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfig,
             mine: list[dict[str, Any]] = (), nodes: list[str] = ()) -> list[dict[str, Any]]:
-    """One entry per in-job cycle: how it ended (earlier cycles) and where it resumed.
+    """One entry per in-job cycle: when it started, how it ended (earlier cycles) and where it resumed.
 
     A cycle is a (re)start of the training function: the launcher's (ft_launcher/torchrun restarting the worker
     group: a new ``restart_count`` in its log) and, with in-process restart, the wrapper's (a new call in the same
     processes: the trainer's ``start`` record says which, ``attempt.inprocess_restart``; the launcher's log knows
-    nothing of it). An earlier cycle's ending is classified from its launcher cycle's logs and, when the trainer
-    wrote one, its ``end`` record (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere,
-    and ft_launcher restarted it); one an in-process restart ended says so (``ended.inprocess``) and leaves the
-    cause to that restart's own record. A failure names the node(s) its lines blame (``hosts``), by the
-    attempt's rules: the report's per-node table counts it, though no job-level decision followed it."""
+    nothing of it). A launcher cycle whose workers died before the trainer's ``start`` record (a fault during their
+    setup) is a cycle too (``trainer_started: false``, started when the launcher's rendezvous did). An earlier
+    cycle's ending is classified from its own launcher cycle's lines and, when the trainer wrote one, its ``end``
+    record (e.g. ``rerun:16``: Megatron's rerun state machine asked to resume elsewhere, and ft_launcher restarted
+    it), with the time the launcher noticed it (``ended.time``); one an in-process restart ended says so
+    (``ended.inprocess``) and leaves the cause to that restart's own record. A failure names the node(s) its lines
+    blame (``hosts``), by the attempt's rules: the report's per-node table counts it, though no job-level decision
+    followed it."""
     ends = _cycle_ends(list(mine))
-    launcher_of = _launcher_cycles(mine, len(progress["cycles"]))
-    count = max(len(files.cycles), len(progress["cycles"]), len(files.cycle_info), 1) if launcher_of is None \
-        else len(progress["cycles"])
+    trainer = progress["cycles"]
+    pairs = _pairs(trainer, files.launcher)
     out = []
-    for k in range(count):
+    for k, (t, at) in enumerate(pairs):
         entry: dict[str, Any] = {"cycle": k}
-        if k < len(progress["cycles"]):
-            entry.update(progress["cycles"][k])
-        at = k if launcher_of is None else launcher_of[k]  # this cycle's launcher cycle
-        if at < len(files.cycle_info):
+        launcher = files.launcher[at] if at is not None and at < len(files.launcher) else None
+        if t is not None:
+            entry.update(trainer[t])
+        elif launcher is not None:
+            entry.update({"start_time": launcher.started, "in_job_restart": launcher.count})
+            if trainer:  # the trainer writes start records, but its workers died before this one's
+                entry["trainer_started"] = False
+        if at is not None and at < len(files.cycle_info):
             info = files.cycle_info[at]
             entry.update({"cycle_info": {key: info.get(key) for key in (
                 "cycle_number", "cycle_start_time", "cycle_end_time", "active_nodes", "cycle_log_file")}})
-        if launcher_of is not None and k + 1 < count and launcher_of[k + 1] == at:
+        if at is not None and k + 1 < len(pairs) and pairs[k + 1][1] == at:
             entry["ended"] = {"inprocess": True, "reason": "in-process restart (its cause: the inprocess_restart "
                                                              "record)", "evidence": []}
-        elif at < len(files.cycles) - 1:  # an earlier launcher cycle ended in an in-job restart: why?
+        elif at is not None and at < len(files.cycles) - 1:  # an earlier launcher cycle ended in a restart: why?
             sigs = files.cycles[at]
-            end = ends[k] if k < len(ends) else None
+            end = ends[t] if t is not None and t < len(ends) else None
             c = classify(AttemptEvidence(exit_code=None, signals=sigs, no_restart_exit_code=cfg.no_restart_exit_code,
                                          stop_reason=end if end and str(end.get("reason", "")).startswith("rerun:")
                                          else None))
-            entry["ended"] = {"error_type": c.error_type, "reason": c.reason, "evidence": c.evidence[:2]}
+            entry["ended"] = {"error_type": c.error_type, "reason": c.reason, "evidence": c.evidence[:2],
+                              "time": launcher.noticed if launcher is not None else None}
             if c.mode is not None:
                 attribute(c, sigs, list(nodes), {})
                 entry["ended"]["hosts"] = c.hosts
@@ -226,14 +233,22 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
     return out
 
 
-def _launcher_cycles(mine: list[dict[str, Any]], count: int) -> list[int] | None:
-    """For each trainer cycle, the index of the launcher cycle it ran in, when in-process restarts make the two
-    differ (None: they are the same, one trainer start per launcher cycle): the launcher's restart count, which
-    starts at 0 in every Slurm attempt as the cycles split from its log do."""
-    starts = [r.get("attempt") if isinstance(r.get("attempt"), dict) else {} for r in mine if r.get("kind") == "start"]
-    if len(starts) != count or not any(int(a.get("inprocess_restart") or 0) for a in starts):
-        return None
-    counts = [a.get("in_job_restart") for a in starts]
-    if not all(isinstance(n, int) for n in counts):
-        return None
-    return counts
+def _pairs(trainer: list[dict[str, Any]], launcher: list[ev.LauncherCycle]) -> list[tuple[int | None, int | None]]:
+    """(trainer cycle, launcher cycle) of each in-job cycle, in order (None: there is none).
+
+    The trainer's ``start`` records name their launcher cycle (``in_job_restart``: the workers'
+    ``TORCHELASTIC_RESTART_COUNT``, the count the launcher printed); a launcher cycle no record names died in its
+    setup, and one with several records had in-process restarts. Pairing by position instead gave every cycle after
+    such a one the evidence of the cycle before it. Records without the count (another trainer) or counts the log
+    does not show (a log cut at ``max_log_bytes`` lost the first cycles' marks) pair by position, as before."""
+    counts = [c.get("in_job_restart") for c in trainer]
+    where = {c.count: j for j, c in enumerate(launcher)}
+    if trainer and all(isinstance(n, int) for n in counts) and counts == sorted(counts):
+        cut = [n for n in counts if launcher and n < launcher[0].count]  # cycles before the log's first mark
+        if all(n in where for n in counts[len(cut):]):
+            out: list[tuple[int | None, int | None]] = [(t, None) for t in range(len(cut))]
+            for j, cycle in enumerate(launcher):
+                out += [(t, j) for t, n in enumerate(counts) if n == cycle.count] or [(None, j)]
+            return out
+    count = max(len(launcher), len(trainer), 1)
+    return [(k if k < len(trainer) else None, k if k < len(launcher) else None) for k in range(count)]

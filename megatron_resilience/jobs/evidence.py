@@ -16,18 +16,26 @@ In-job restart cycles come from ft_launcher's cycle-info files (nvidia-resilienc
 
 from __future__ import annotations
 
+import calendar
 import glob
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_resilience.goodput.history import read_jsonl
+from megatron_resilience.jobs.launcher_log import (  # noqa: F401 (LAUNCHER_PREFIX, split_cycles: read from here)
+    LAUNCHER_PREFIX,
+    LauncherCycle,
+    launcher_cycles,
+    split_cycles,
+    stamp_time,
+)
 from megatron_resilience.jobs.monitors import Monitor, Signal, scan
 
-CYCLE_MARK = re.compile(r"^\s*restart_count=(\d+)\s*$")
-LAUNCHER_PREFIX = re.compile(r"^(?:\d+: )?(?:\[default\d+\]:)?")
+CYCLE_TAG = re.compile(r"\[Cycle (\d+)\]")  # ft_launcher's rank monitor names the cycle (nvidia-resiliency-ext 0.7)
 
 
 @dataclass
@@ -85,27 +93,12 @@ def cycle_infos(cycle_info_dir: str | None, job_id: str, restart: int) -> list[d
     return sorted(out, key=lambda i: int(i.get("cycle_number") or 0))
 
 
-def split_cycles(lines: list[str]) -> list[list[str]]:
-    """The launcher's log cut where a ``restart_count=N`` (torchrun/ft_launcher's rendezvous result) starts a new
-    cycle N. A multi-node job step's log holds every node's agent, each printing the same ``restart_count`` for
-    the same round: only the first mark of a count starts its cycle (else one 2-node run reads as 2 cycles)."""
-    cycles: list[list[str]] = [[]]
-    highest = None
-    for line in lines:
-        mark = CYCLE_MARK.match(LAUNCHER_PREFIX.sub("", line))
-        if mark and (highest is None or int(mark.group(1)) > highest):
-            if highest is not None:
-                cycles.append([])
-            highest = int(mark.group(1))
-        cycles[-1].append(line)
-    return cycles
-
-
 @dataclass
 class AttemptFiles:
     """The logs of one attempt, cut into in-job cycles, and the signals the monitors found in each."""
 
     cycles: list[list[Signal]] = field(default_factory=list)  # signals per cycle (job step + cycle logs)
+    launcher: list[LauncherCycle] = field(default_factory=list)  # per cycle: restart count, start, failure noticed
     batch_signals: list[Signal] = field(default_factory=list)  # from the batch script's log (Slurm monitors)
     files: list[str] = field(default_factory=list)
     cycle_info: list[dict[str, Any]] = field(default_factory=list)
@@ -122,9 +115,11 @@ def scan_attempt(*, job_dir: str, job_id: str, restart: int, monitors: list[Moni
         texts = [read_tail(p, max_bytes=max_log_bytes) for p in cycle_logs]
         step_text = [read_tail(p, max_bytes=max_log_bytes) for p in step_logs(job_dir, job_id, restart)]
         launcher = [(f"log:{t.path}", line) for t in step_text for line in t.lines]
-        out.cycles = [scan([(f"log:{t.path}", line) for line in t.lines], monitors) for t in texts]
-        if out.cycles:  # the launcher's own lines (timeouts it saw) belong to the cycle they ended: the last
-            out.cycles[-1] = scan(launcher, monitors) + out.cycles[-1]
+        out.launcher = [LauncherCycle(int(i.get("cycle_number") or 0), iso_time(i.get("cycle_start_time")),
+                                      iso_time(i.get("cycle_end_time"))) for i in out.cycle_info]
+        own = _launcher_lines_by_cycle(launcher, out.launcher)  # the launcher's lines (timeouts it saw, failures)
+        out.cycles = [scan(mine, monitors) + scan([(f"log:{t.path}", line) for line in t.lines], monitors)
+                      for mine, t in zip(own, texts)]
         out.files = [t.path for t in step_text + texts]
     else:
         lines: list[tuple[str, str]] = []
@@ -132,15 +127,43 @@ def scan_attempt(*, job_dir: str, job_id: str, restart: int, monitors: list[Moni
             text = read_tail(path, max_bytes=max_log_bytes)
             out.files.append(path)
             lines += [(f"log:{path}", line) for line in text.lines]
-        cut = split_cycles([line for _, line in lines])
+        out.launcher = launcher_cycles([line for _, line in lines])
         sources = iter(source for source, _ in lines)
-        out.cycles = [scan([(next(sources), line) for line in cycle], monitors) for cycle in cut]
+        out.cycles = [scan([(next(sources), line) for line in cycle.lines], monitors) for cycle in out.launcher]
     slurm_monitors = [m for m in monitors if m.reads_batch_log]
     for path in batch_logs(job_dir, job_id):
         text = read_tail(path, offset=batch_offset, max_bytes=max_log_bytes)
         out.files.append(path)
         out.batch_signals += scan([(f"log:{path}", line) for line in text.lines], slurm_monitors)
     return out
+
+
+def _launcher_lines_by_cycle(lines: list[tuple[str, str]], cycles: list[LauncherCycle]) \
+        -> list[list[tuple[str, str]]]:
+    """The job step's launcher lines of each per-cycle log's cycle: the cycle a line names (the rank monitor's
+    ``[Cycle N]``), else the one running at its stamp (an unstamped line follows the line before it); without the
+    cycles' start times, the last cycle (the one the attempt ended in)."""
+    out: list[list[tuple[str, str]]] = [[] for _ in cycles]
+    if not cycles:
+        return out
+    by_number = {c.count: k for k, c in enumerate(cycles)}
+    timed = all(c.started is not None for c in cycles)
+    current = 0 if timed else len(cycles) - 1
+    for source, line in lines:
+        when = stamp_time(line) if timed else None
+        if when is not None:
+            current = max([k for k, c in enumerate(cycles) if c.started <= when], default=0)
+        named = CYCLE_TAG.search(line)
+        out[by_number.get(int(named.group(1)), current) if named else current].append((source, line))
+    return out
+
+
+def iso_time(text: str | None) -> float | None:
+    """The epoch time of a cycle-info file's UTC time (``2026-11-23T05:13:23Z``), None when absent or unreadable."""
+    try:
+        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
 
 
 # --- the trainer's files ---------------------------------------------------------------------------------------
