@@ -23,8 +23,8 @@ from resilience_support.goodput_records import (
     write_jsonl,
 )
 
+from megatron_resilience.goodput.accounting import BUCKETS, PRODUCTIVE, AttemptWindow, account
 from megatron_resilience.jobs import report
-from megatron_resilience.jobs.accounting import BUCKETS, PRODUCTIVE, AttemptWindow, account
 
 
 def test_every_bucket_of_an_in_job_restart_after_an_injected_hang():

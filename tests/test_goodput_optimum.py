@@ -9,7 +9,7 @@ import pytest
 from resilience_support.goodput_records import HANG_RUN, T0, save, start, steps
 
 from megatron_resilience.goodput import daly
-from megatron_resilience.jobs.accounting import AttemptWindow, account
+from megatron_resilience.goodput.accounting import AttemptWindow, account
 
 
 def test_daly_reproduces_his_published_examples():
@@ -40,7 +40,7 @@ def test_daly_rejects_what_it_cannot_use():
 def test_the_optimum_from_the_runs_own_c_r_m_and_tau():
     """C: median periodic save; R: mean restart (fault -> first step of the next cycle); M: the user's estimate
     until 3 interruptions; tau and s/step from consecutive periodic saves; E*, goodput / E*, regret, the interval."""
-    from megatron_resilience.jobs.optimum import format_optimum, measure
+    from megatron_resilience.goodput.optimum import format_optimum, measure
 
     records = HANG_RUN[:1] + steps(1, 4, at=19, every=2, step_time=1.5) + [save(4, 25.0, 0.4)] + \
         steps(5, 6, at=27, every=2, step_time=1.5) + [save(6, 29.2, 0.6), {"kind": "checkpoint_interval",
@@ -67,7 +67,7 @@ def test_the_optimum_from_the_runs_own_c_r_m_and_tau():
 
 def test_tau_of_an_interval_longer_than_the_time_between_faults():
     """No cycle saw two periodic saves: tau is the saves' step spacing x the median wall time per step."""
-    from megatron_resilience.jobs.optimum import measure
+    from megatron_resilience.goodput.optimum import measure
 
     records = [start(0), *steps(1, 5, at=2, every=2.0, step_time=1.5), save(4, 9.0, 0.4),
                start(20, step=4, resumed_from=4, in_job=1), *steps(5, 9, at=22, every=2.0, step_time=1.5),

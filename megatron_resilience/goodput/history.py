@@ -1,7 +1,7 @@
 """A run's checkpoint cost, seconds per step and failure rate, read from its own records (stdlib only).
 
 Used by the trainer's ``checkpoint.interval_policy=young_daly`` (rank 0, at every restart) and by the
-report (:mod:`megatron_resilience.jobs.optimum`). Inputs are the records of ``metrics.jsonl`` (kinds in
+report (:mod:`megatron_resilience.goodput.optimum`). Inputs are the records of ``metrics.jsonl`` (kinds in
 ``runtime/metrics.py``) and, when the run has one, ``job_ledger.jsonl`` (``jobs/ledger.py``).
 """
 

@@ -26,13 +26,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from megatron_resilience.goodput.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
+from megatron_resilience.goodput.optimum import Optimum, format_optimum, measure
 from megatron_resilience.jobs import injected as injected_faults
 from megatron_resilience.jobs import report_inputs as inputs
-from megatron_resilience.jobs.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
 from megatron_resilience.jobs.evidence import read_json, read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.jobs.node_history import format_node_table
-from megatron_resilience.jobs.optimum import Optimum, format_optimum, measure
 
 
 @dataclass
@@ -161,7 +161,7 @@ def _decision_text(decision: dict[str, Any]) -> str:
 
 def _local_rows(run_dir: str, records: list[dict[str, Any]], w: AttemptWindow) -> list[Row]:
     """A run without a ledger (local): one attempt whose cycles are the trainer's (re)starts."""
-    from megatron_resilience.jobs.accounting import train_windows
+    from megatron_resilience.goodput.accounting import train_windows
 
     windows = train_windows(records)
     starts = [r for r in records if r.get("kind") == "start"]

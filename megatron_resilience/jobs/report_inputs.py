@@ -18,7 +18,7 @@ import shutil
 import time
 from typing import Any
 
-from megatron_resilience.jobs.accounting import PLANNED, AttemptWindow
+from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
 from megatron_resilience.jobs.evidence import LAUNCHER_PREFIX, read_tail
 from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.slurm import parse_slurm_time

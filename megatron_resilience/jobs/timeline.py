@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.jobs.accounting import PRODUCTIVE, QUEUE
+from megatron_resilience.goodput.accounting import PRODUCTIVE, QUEUE
 from megatron_resilience.jobs.report import RunReport
 
 COLORS = {PRODUCTIVE: "#4caf50", "startup": "#9e9e9e", "data_loading": "#bdbdbd", "checkpoint_restore": "#7e57c2",

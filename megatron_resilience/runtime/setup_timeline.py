@@ -6,7 +6,7 @@ load + the first step; each has its own remedy, so each is recorded. Every ``sta
 ``launcher_start``: the creation of its launcher (torchrun/ft_launcher, the parent of a worker; absent
 without one), ``marks``: {name: wall time (``time.time()``)} in order; each mark ends the phase it names}.
 benchmarks/recovery.py turns them into the split; the report counts a local run's allocation from the
-launcher's start (jobs/accounting.py).
+launcher's start (goodput/accounting.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from megatron_resilience.jobs.accounting import QUEUE
+from megatron_resilience.goodput.accounting import QUEUE
 
 T0 = 1_800_000_000.0
 

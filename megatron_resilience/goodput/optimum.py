@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from megatron_resilience.goodput import daly
+from megatron_resilience.goodput.accounting import Accounting
 from megatron_resilience.goodput.history import (
     MIN_FAILURES,
     between_saves,
@@ -35,7 +36,6 @@ from megatron_resilience.goodput.history import (
     save_spacing,
     wall_seconds_per_step,
 )
-from megatron_resilience.jobs.accounting import Accounting
 
 
 @dataclass

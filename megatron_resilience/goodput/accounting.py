@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_resilience.goodput.history import save_blocking
-from megatron_resilience.jobs.spans import PRODUCTIVE, Span, paint, pour
+from megatron_resilience.goodput.spans import PRODUCTIVE, Span, paint, pour
 
 BUCKETS = ("startup", "data_loading", "checkpoint_restore", "checkpoint_save", "wasted_progress",
            "failure_detection", "restart_inprocess", "restart_process", "restart_job", "eval", "other")
