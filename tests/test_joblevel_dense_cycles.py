@@ -17,7 +17,7 @@ job-step log, cut into cycles at the rendezvous' ``restart_count=N``):
 
 Each killed rank's last lines reach the log after the launcher's failure line (the launcher's tail of the rank's
 stderr is drained when the workers are stopped), as ft_launcher's ``--tee`` writes them. The test runs the batch
-trap's code (``attempts.end_attempt``) on those files.
+trap's code (``attempts.end_attempt``) on those files, then the report on the run directory with the chaos ledger.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 
 from resilience_support.goodput_records import T0, save, start, steps, write_jsonl
 
+from megatron_resilience.jobs import report
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
@@ -175,3 +176,28 @@ def test_every_in_job_cycle_of_a_dense_stream_ends_as_the_fault_injected_into_it
     assert cycles[0]["ended"]["evidence"][0] == xid(4101)  # its own killed rank's line, not the next cycle's
     assert cycles[2]["ended"]["evidence"][0] == xid(4301)
 
+
+def test_the_report_matches_every_injected_fault_to_the_cycle_it_ended(tmp_path):
+    """The report reads the ledger's cycles: the one whose workers died in setup is an interruption of its own (its
+    fault is not absorbed by the restart before it), charged from its fault to the next productive step."""
+    cfg, ledger = lay_out(tmp_path)
+    ledger.append(end(cfg, ledger).record)
+    run = report.build(cfg.run_dir, slurm_lookup=False)
+    assert [(r.cycle, round(r.start - T0, 3), round(r.end - T0, 3), r.ended, r.world_size) for r in run.rows] == [
+        (0, 20.0, 56.0, "xid_error", 2), (1, 56.0, 61.5, "ecc_error", 2), (2, 61.5, 96.0, "xid_error", None),
+        (3, 96.0, 146.0, "hang", 2), (4, 146.0, END, "preempted (stop_reason)", 2)]
+    assert [(i.cycle, i.kind, i.cause, i.fault_time - T0, round(i.detected - T0, 3),
+             (i.injection or {}).get("fault"), i.absorbed) for i in run.accounting.interruptions] == [
+        (0, "process", "xid_error", 40.0, 40.6, "gpu_xid", []), (1, "process", "ecc_error", 60.0, 60.5, "gpu_ecc", []),
+        (2, "process", "xid_error", 80.0, 80.5, "gpu_xid", []), (3, "process", "hang", 110.0, 130.4, "rank_hang", []),
+        (4, "preemption", "preempted", 170.0, 171.5, "preempt", [])]
+    ecc, setup = run.accounting.interruptions[1:3]
+    # the ECC's restart ends where the Xid in the next setup begins (80): from there the cost is the Xid's
+    assert {k: round(v, 3) for k, v in ecc.cost.items()} == {"wasted_progress": 0.5, "failure_detection": 0.5,
+                                                             "restart_process": 19.5}
+    assert {k: round(v, 3) for k, v in setup.cost.items()} == {
+        "failure_detection": 0.5, "restart_process": 1.5, "startup": 14.0, "other": 7.0, "wasted_progress": 2.0}
+    assert [(r["fault"], r["classified"], r["match"], r["absorbed_by"]) for r in run.injected["injections"]] == [
+        ("gpu_xid", "xid_error", True, None), ("gpu_ecc", "ecc_error", True, None),
+        ("gpu_xid", "xid_error", True, None), ("rank_hang", "hang", True, None), ("preempt", "preempted", True, None)]
+    assert run.injected["all_classified"]

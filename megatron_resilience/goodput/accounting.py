@@ -31,12 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from megatron_resilience.goodput.charging import charge
 from megatron_resilience.goodput.history import save_blocking
-from megatron_resilience.goodput.spans import PRODUCTIVE, Span, paint, pour
+from megatron_resilience.goodput.spans import PRODUCTIVE, QUEUE, Span, paint, pour
+from megatron_resilience.goodput.unstarted import cycle_numbers, setup_faults
 
 BUCKETS = ("startup", "data_loading", "checkpoint_restore", "checkpoint_save", "wasted_progress",
            "failure_detection", "restart_inprocess", "restart_process", "restart_job", "eval", "other")
-QUEUE = "queue_wait"
 RESTART_BUCKET = {"inprocess": "restart_inprocess", "process": "restart_process", "job": "restart_job",
                   "preemption": "restart_job"}
 PLANNED = ("preempted", "system_cancel")  # attempt endings that are interruptions but not failures
@@ -59,6 +60,9 @@ class AttemptWindow:
     failure: bool = False  # the ending is a failure (classification mode set)
     running: bool = False
     cycle_endings: dict[int, str] = field(default_factory=dict)  # in-job cycle k (not the last) -> error type
+    # in-job cycles whose workers died in their setup, before the trainer's start record (the ledger's
+    # ``trainer_started: false``): {"cycle": k, "start": the launcher's rendezvous, "noticed": time, "cause": type}
+    unstarted: list[dict[str, Any]] = field(default_factory=list)
     detections: list[float] = field(default_factory=list)  # when the launcher logged noticing a failure
     nodes: list[str] = field(default_factory=list)
     decision: dict[str, Any] = field(default_factory=dict)  # the job-level decision after it (ledger)
@@ -135,6 +139,7 @@ class _Cycle:
     start: dict[str, Any]
     records: list[dict[str, Any]]
     inprocess: int = 0  # the in-process restart iteration this cycle is (0: a fresh process)
+    ledger: int = 0  # its number among the attempt's in-job cycles (the ledger's: unstarted ones counted)
     own_start: float = 0.0  # where this cycle's own setup begins
     last_alive: float = 0.0
 
@@ -162,10 +167,10 @@ def _setup_items(c: _Cycle, begin: float) -> list[tuple]:
     items, prev = [], begin
     for name, t in sorted(marks, key=lambda m: m[1]):
         if t > prev:
-            items.append((prev, min(t, _t(c.start)), _SETUP, MARK_BUCKETS.get(name, "startup"), c.index, None))
+            items.append((prev, min(t, _t(c.start)), _SETUP, MARK_BUCKETS.get(name, "startup"), c.ledger, None))
             prev = min(t, _t(c.start))
     if _t(c.start) > prev:
-        items.append((prev, _t(c.start), _SETUP, "startup", c.index, None))
+        items.append((prev, _t(c.start), _SETUP, "startup", c.ledger, None))
     return items
 
 
@@ -209,6 +214,8 @@ def _inprocess_record(inprocess: list[dict[str, Any]], c: _Cycle, nxt: _Cycle) -
 def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict[str, Any]],
              inprocess: list[dict[str, Any]], acc: Accounting, done: list[int]) -> list[Span]:
     cycles = _cycles(mine)
+    for c, number in zip(cycles, cycle_numbers(len(cycles), w.unstarted)):
+        c.ledger = number
     items: list[tuple] = []
     segments: list[tuple[float, float, float, float, int]] = []
     if not cycles:  # the trainer never started in this window: all of it is startup (or a failed start)
@@ -225,30 +232,32 @@ def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict
             c.own_start = max(floor, min(_first_mark_after(c, floor), _t(c.start)))
         else:
             c.own_start = _own_start(c, floor)
-        if c.index == 0 and c.own_start > w.start:
-            items.append((w.start, c.own_start, _SETUP, "startup", 0, None))  # launch: batch script, srun, launcher
+        if c.index == 0 and c.own_start > w.start:  # launch: batch script, srun, launcher
+            items.append((w.start, c.own_start, _SETUP, "startup", c.ledger, None))
         items += _setup_items(c, c.own_start)
         for rec in c.records:
             kind = rec.get("kind")
             if kind == "checkpoint" and rec.get("start_time") is not None and save_blocking(rec) is not None:
                 begin = float(rec["start_time"])
-                items.append((begin, begin + save_blocking(rec), _SAVE, "checkpoint_save", c.index, None))
+                items.append((begin, begin + save_blocking(rec), _SAVE, "checkpoint_save", c.ledger, None))
             elif kind == "eval" and rec.get("duration_s") is not None:
-                items.append((_t(rec) - float(rec["duration_s"]), _t(rec), _EVAL, "eval", c.index, None))
+                items.append((_t(rec) - float(rec["duration_s"]), _t(rec), _EVAL, "eval", c.ledger, None))
         anchor = _t(c.start)
         for win in train_windows([c.start] + c.records):
             wasted = sum(1 for s in range(win["_first"], win["step"] + 1) if s <= done[0])
             per_step = win["_seconds"] / win["_steps"]
-            segments.append((anchor, _t(win), per_step * (win["_steps"] - wasted), per_step * wasted, c.index))
+            segments.append((anchor, _t(win), per_step * (win["_steps"] - wasted), per_step * wasted, c.ledger))
             done[0] = max(done[0], win["step"])
             anchor = _t(win)
         nxt = cycles[c.index + 1] if c.index + 1 < len(cycles) else None
         if nxt is not None:
             kind = "inprocess" if nxt.inprocess > c.inprocess else "process"
             rec = _inprocess_record(inprocess, c, nxt) if kind == "inprocess" else None
-            cause = w.cycle_endings.get(c.index) or (rec or {}).get("cause") or "unknown"
+            cause = w.cycle_endings.get(c.ledger) or (rec or {}).get("cause") or "unknown"
             boundary = _own_start(nxt, c.last_alive) if kind == "process" else None
-            floor = _fault(w, c, kind, cause, injections, rec, boundary, nxt, acc, items)
+            setups = sorted((u for u in w.unstarted if c.ledger < int(u["cycle"]) < nxt.ledger and
+                             u.get("start") is not None and kind == "process"), key=lambda u: int(u["cycle"]))
+            floor = _fault(w, c, kind, cause, injections, rec, boundary, nxt, acc, items, setups)
         elif not w.running and (w.failure or w.ending in PLANNED):
             _fault(w, c, _kind_of_ending(w), w.ending, injections, None, w.end, None, acc, items)
     spans = pour(paint(w.start, w.end, items), segments)
@@ -264,14 +273,18 @@ def _kind_of_ending(w: AttemptWindow) -> str:
 
 def _fault(w: AttemptWindow, c: _Cycle, kind: str, cause: str, injections: list[dict[str, Any]],
            inprocess_rec: dict[str, Any] | None, boundary: float | None, nxt: _Cycle | None, acc: Accounting,
-           items: list[tuple]) -> float:
-    """Paint how cycle ``c`` ended (work lost, detection, restart) and record the interruption.
+           items: list[tuple], setups: list[dict[str, Any]] = ()) -> float:
+    """Paint how cycle ``c`` ended (work lost, detection, restart) and record the interruption; then the same for
+    each cycle of ``setups`` (``AttemptWindow.unstarted``) that the restart went through: a fault that killed the
+    restarted workers in their setup ended a cycle of its own, it is not absorbed by the one before.
 
     Returns where the next cycle's own setup may begin."""
     last = c.last_alive
     limit = boundary if boundary is not None else (_t(nxt.start) if nxt is not None else w.end)
     # Slurm's End has whole seconds: a fault that ended the attempt (a node set DOWN) may lie just past it
     found = _injections_in(injections, c.own_start, limit + (1.0 if nxt is None and kind == "job" else 0.0))
+    later = setup_faults(setups, found, limit)
+    found = [i for i in found if not later or float(i["time"]) < float(later[0][0]["start"])]  # c's own
     injected = _matched(found, cause)
     signal = next((r for r in c.records if r.get("kind") == "signal"), None)
     if injected is not None:  # the first fault that broke the cycle starts its cost
@@ -299,14 +312,25 @@ def _fault(w: AttemptWindow, c: _Cycle, kind: str, cause: str, injections: list[
     boundary = limit if boundary is None else boundary
     index = len(acc.interruptions)
     if fault > last:
-        items.append((last, fault, _FAULT, "wasted_progress", c.index, index))
+        items.append((last, fault, _FAULT, "wasted_progress", c.ledger, index))
     if detected > max(fault, last):
-        items.append((max(fault, last), detected, _FAULT, "failure_detection", c.index, index))
-    if boundary > max(detected, last):
-        items.append((max(detected, last), boundary, _FAULT, RESTART_BUCKET[kind], c.index, index))
-    acc.interruptions.append(Interruption(index, w.index, c.index, kind, cause, fault, source, last, detected,
+        items.append((max(fault, last), detected, _FAULT, "failure_detection", c.ledger, index))
+    stop = later[0][2] if later else boundary  # the restart ends where a fault in the next setup begins
+    if min(boundary, stop) > max(detected, last):
+        items.append((max(detected, last), min(boundary, stop), _FAULT, RESTART_BUCKET[kind], c.ledger, index))
+    acc.interruptions.append(Interruption(index, w.index, c.ledger, kind, cause, fault, source, last, detected,
                                           injection=injected, absorbed=[i for i in found if i is not injected]))
+    for k, (u, mine, at, seen) in enumerate(later):
+        index, cycle, cause = len(acc.interruptions), int(u["cycle"]), str(u.get("cause") or "unknown")
+        items.append((at, seen, _FAULT, "failure_detection", cycle, index))
+        items.append((seen, later[k + 1][2] if k + 1 < len(later) else boundary, _FAULT, "restart_process", cycle,
+                      index))
+        matched = _matched(mine, cause)
+        acc.interruptions.append(Interruption(index, w.index, cycle, "process", cause, at,
+                                              "injected" if matched else "last sign of life", at, seen,
+                                              injection=matched, absorbed=[i for i in mine if i is not matched]))
     return boundary
+
 
 
 def _attach(span: Span, attempt: int) -> Span:
@@ -334,7 +358,7 @@ def account(windows: list[AttemptWindow], records: list[dict[str, Any]],
         acc.spans += _attempt(w, mine, injections, inprocess, acc, done)
         acc.allocated += w.end - w.start
         previous_end = w.end if previous_end is None else max(previous_end, w.end)
-    _charge_interruptions(acc)
+    charge(acc)
     for s in acc.spans:
         if s.bucket == PRODUCTIVE:
             acc.productive += s.seconds
@@ -346,41 +370,3 @@ def account(windows: list[AttemptWindow], records: list[dict[str, Any]],
             row[s.bucket] = row.get(s.bucket, 0.0) + s.seconds
     return acc
 
-
-def _charge_interruptions(acc: Accounting) -> None:
-    """Tag every non-productive second from each fault to the first new productive step after it."""
-    spans = acc.spans
-    firsts = [s for s in spans if s.bucket in (PRODUCTIVE, "wasted_progress") and s.cycle is not None]
-    for k, intr in enumerate(acc.interruptions):
-        begin = min(intr.fault_time, intr.last_alive)
-        same = (intr.attempt, intr.cycle)
-        after = [s for s in firsts if (s.attempt, s.cycle) > same and s.start >= intr.detected]
-        intr.restarted = after[0].start if after else None
-        new = [s for s in after if s.bucket == PRODUCTIVE]
-        intr.resumed = new[0].start if new else None
-        end = intr.resumed if intr.resumed is not None else max(s.end for s in spans)
-        if k + 1 < len(acc.interruptions):
-            nxt = acc.interruptions[k + 1]
-            end = min(end, min(nxt.fault_time, nxt.last_alive))
-        out: list[Span] = []
-        for s in spans:
-            if s.bucket == PRODUCTIVE or s.end <= begin or s.start >= end or \
-                    (s.interruption is not None and s.interruption != k):
-                out.append(s)
-                continue
-            for a, b, mine in ((s.start, max(s.start, begin), False), (max(s.start, begin), min(s.end, end), True),
-                               (min(s.end, end), s.end, False)):
-                if b > a:
-                    out.append(Span(a, b, s.bucket, s.attempt, s.cycle, k if mine else s.interruption))
-        spans = out
-    acc.spans = spans
-    for intr in acc.interruptions:
-        mine = [s for s in spans if s.interruption == intr.index]
-        for s in mine:
-            if s.bucket == QUEUE:
-                intr.queue_wait += s.seconds
-            else:
-                intr.cost[s.bucket] = intr.cost.get(s.bucket, 0.0) + s.seconds
-        if intr.restarted is not None:
-            intr.restart_seconds = sum(min(s.end, intr.restarted) - max(s.start, intr.fault_time) for s in spans
-                                       if s.bucket != QUEUE and s.end > intr.fault_time and s.start < intr.restarted)

@@ -11,6 +11,7 @@ import heapq
 from dataclasses import dataclass
 
 PRODUCTIVE = "productive"
+QUEUE = "queue_wait"  # between two attempts: reported beside the allocation, never in it
 
 
 @dataclass

@@ -137,7 +137,9 @@ def _ledger_rows(attempts: list[dict[str, Any]], windows: list[AttemptWindow],
             what = (_decision_text(decision) if last and decision else
                     ("in-process restart" if inprocess else "in-job restart") if not last else "-")
             first, lst = cycle.get("resumed_from"), cycle.get("last_step", a.get("last_step") if last else None)
-            ws, tps = stats[k] if k < len(stats) else (None, None)
+            started = sum(1 for c in cycles[:k] if c.get("trainer_started") is not False)  # the trainer's cycle
+            ws, tps = stats[started] if started < len(stats) and cycle.get("trainer_started") is not False \
+                else (None, None)
             rows.append(Row(attempt=w.index, cycle=k, job_id=w.job_id, restart=w.restart, nodes=",".join(w.nodes),
                             start=cycle.get("start_time") or w.start,
                             end=w.end if last else (cycles[k + 1].get("start_time") if k + 1 < len(cycles) else None),

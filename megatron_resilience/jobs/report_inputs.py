@@ -13,21 +13,17 @@ counted. A run without a ledger (local) is one window from its launcher's start 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from typing import Any
 
 from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
-from megatron_resilience.jobs.evidence import LAUNCHER_PREFIX, read_tail
+from megatron_resilience.jobs.evidence import read_tail
+from megatron_resilience.jobs.launcher_log import detection_time
 from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.slurm import parse_slurm_time
 
 CHAOS_LEDGER_FILE = "chaos_ledger.jsonl"  # written by ``python -m megatron_resilience.chaos`` next to the run
-# Lines a launcher or rank monitor writes when it notices a failure (ft_launcher, its rank monitor, torchelastic).
-DETECTION = re.compile(r"has been open for [\d.]+ seconds|Did not get (?:initial|subsequent) heartbeat|"
-                       r"failed \(exitcode: |Worker group FAILED|Terminating rank \d+|will restart worker group")
-STAMP = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:[,.](\d+))?\]?")
 
 
 def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, Any]]:
@@ -53,22 +49,9 @@ def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[t
 
 def detection_times(paths: list[str], *, max_bytes: int = 8 << 20) -> list[float]:
     """Times of the launcher's "noticed a failure" lines in these logs (lines with a ``[YYYY-mm-dd HH:MM:SS,ms]``
-    stamp, local time)."""
-    out = []
-    for path in paths:
-        for line in read_tail(path, max_bytes=max_bytes).lines:
-            text = LAUNCHER_PREFIX.sub("", line)
-            if not DETECTION.search(text):
-                continue
-            stamp = STAMP.match(text)
-            if stamp:
-                try:
-                    base = time.mktime(time.strptime(stamp.group(1).replace("T", " "), "%Y-%m-%d %H:%M:%S"))
-                except ValueError:
-                    continue
-                frac = stamp.group(2) or "0"
-                out.append(base + int(frac) / 10 ** len(frac))
-    return sorted(out)
+    stamp, local time: ``launcher_log.detection_time``)."""
+    found = (detection_time(line) for path in paths for line in read_tail(path, max_bytes=max_bytes).lines)
+    return sorted(t for t in found if t is not None)
 
 
 def injections(run_dir: str, job_ids: set[str] | None = None) -> list[dict[str, Any]]:
@@ -127,10 +110,19 @@ def ledger_windows(ledger: Ledger, records: list[dict[str, Any]], *, slurm_looku
             failure=cls.get("mode") is not None, running=bool(a.get("_running")),
             cycle_endings={k: (c.get("ended") or {}).get("error_type") for k, c in enumerate(cycles)
                            if (c.get("ended") or {}).get("error_type")},
+            unstarted=_unstarted(cycles),
             detections=detection_times([p for p in a.get("log_files") or [] if os.path.basename(p).startswith("log")]),
             nodes=list(a.get("nodes") or []) if isinstance(a.get("nodes"), list)
             else [n for n in str(a.get("nodes") or "").split(",") if n], decision=dict(a.get("decision") or {})))
     return windows, runs
+
+
+def _unstarted(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attempt's in-job cycles whose workers died in their setup and were restarted (the last cycle ended the
+    attempt: its ending is the attempt's)."""
+    return [{"cycle": k, "start": c.get("start_time"), "noticed": (c.get("ended") or {}).get("time"),
+             "cause": (c.get("ended") or {}).get("error_type")}
+            for k, c in enumerate(cycles[:-1]) if c.get("trainer_started") is False]
 
 
 def local_window(records: list[dict[str, Any]]) -> AttemptWindow | None:
