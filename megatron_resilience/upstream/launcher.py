@@ -96,25 +96,9 @@ def unaccepted_ft_launcher_flags(args: list[str], version: tuple[int, ...]) -> l
 #   "env":  an environment variable the release's argument parser reads for that flag (torch-elastic PET_<dest>);
 #   "flag": only the command line; the plugins add it to the ft_launcher command of the sbatch script.
 # Read from each release's own source (launcher.py, cli_args.py, config.py at tags v0.4.1, v0.5.0, v0.6.0 and
-# the 0.7.0 wheel); the tests check the 0.4.1 and 0.7.0 rows against those releases' real parsers.
-#
-# | field                        | ft_launcher flag                      | since | channel                      |
-# |------------------------------|---------------------------------------|-------|------------------------------|
-# | restart_policy               | --ft-restart-policy                   | 0.4   | flag (min-healthy gone 0.6)  |
-# | use_infra_group_rank         | --ft-use-infra-group-rank             | 0.5   | yaml; removed in 0.6 (always)|
-# | node_health_check_endpoint   | --ft-node-health-check-endpoint       | 0.6   | flag                         |
-# | enable_dist_storage_healthcheck | --ft-enable-dist-storage-healthcheck | 0.6 | yaml                         |
-# | storage_health_check_paths   | --ft-storage-health-check-path        | 0.6   | yaml (comma-separated)       |
-# | gpu_memory_reclaim_timeout, gpu_memory_tolerance_mb, gpu_memory_poll_interval | --ft-gpu-memory-* | 0.6 | yaml |
-# | gpus_per_numa                | NVRX_GPUS_PER_NUMA (env, no flag)     | 0.6   | env                          |
-# | numa_bind_strict             | --ft-numa-bind-strict                 | 0.6   | yaml                         |
-# | attribution_endpoint         | --ft-attribution-endpoint             | 0.6   | yaml                         |
-# | per_cycle_logs               | --ft-per-cycle-applog-prefix          | 0.6   | env PET_FT_PER_CYCLE_APPLOG_PREFIX |
-# | cycle_info                   | --ft-cycle-info-dir                   | 0.6   | yaml                         |
-# | max_no_progress_cycles, min_progress_iterations | --ft-max-no-progress-cycles, --ft-min-progress-iterations | 0.6 | yaml; flag in 0.6.x |
-# | checkpoint_iteration_file    | --ft-checkpoint-iteration-file        | 0.6   | yaml                         |
-# | attribution_stop_action      | --ft-attribution-stop-action          | 0.7   | yaml ("log": shadow mode)    |
-# | no_restart_exit_code         | --ft-no-restart-exit-code             | 0.7   | flag (default 93)            |
+# the 0.7.0 wheel); the tests check the 0.4.1 and 0.7.0 rows against those releases' real parsers. The table is
+# ``LAUNCHER_SETTINGS`` below (field, flag, first release, channel, what it protects against); docs/plugins.md
+# points at it.
 #
 # Meaning changes handled here, not in the plugins: 0.6 dropped --ft-use-infra-group-rank (SLURM_PROCID is
 # always used when set) and the min-healthy restart policy (--ft-restart-policy is a deprecated no-op that
