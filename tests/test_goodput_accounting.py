@@ -132,12 +132,13 @@ def test_a_preemptions_recovery_is_its_own_cost_signal_to_first_new_step(tmp_pat
     assert p.total == pytest.approx(6.9 + 4.2) and p.queue_wait == pytest.approx(12.0)
     assert p.cost["restart_job"] == pytest.approx(5.0) and p.cost["checkpoint_save"] == pytest.approx(1.0)
     assert run.injected["all_classified"] and run.injected["by_fault"] == {
-        "preempt": {"injected": 1, "classified_as_expected": 1, "as": {"preempted": 1}}}
+        "preempt": {"injected": 1, "classified_as_expected": 1, "as_expected": {"preempted": 1}, "as_another": {},
+                    "absorbed": [], "no_interruption": [], "not_done": []}}
     text = report.format_report(run)
     assert "goodput: 25.3% (productive training 9.6s of 38.0s allocated)" in text
     assert "queue wait (not allocated): 12.0s" in text
     assert "cost by cause: preempted 11.1s (29.2%)" in text
-    assert "  preempt: injected 1, classified as expected 1 (preempted x1)" in text
+    assert "  preempt: injected 1, classified as expected 1 (preempted)" in text
     assert [(r.attempt, r.state, r.ended) for r in run.rows] == [(0, "?", "preempted (stop_reason)"),
                                                                 (1, "?", "finished (stop_reason)")]
     data = run.to_dict()
@@ -289,17 +290,59 @@ def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_t
         ("rank_hang", None, False, "gpu_xid"), ("gpu_ecc", None, False, None), ("gpu_xid", "xid_error", True, None)]
     assert not summary["all_classified"]  # the injection chaos could not carry out stays unexplained
     assert [r["done"] for r in summary["injections"]] == [True, False, True]
-    assert format_injected(summary)[1] == "  gpu_ecc: injected 1, classified as expected 0 (not done: no rank " \
-                                          "process of job 7 on mn1 x1)"
+    assert format_injected(summary)[1] == "  gpu_ecc: injected 1, classified as expected 0; not done 1 (no rank " \
+                                          "process of job 7 on mn1)"
     absorbed_apart = summarize(acc, [hang, xid], [window])
     assert not absorbed_apart["all_classified"]  # an absorbed fault is never counted as classified
     assert (absorbed_apart["as_expected"], absorbed_apart["absorbed"], absorbed_apart["as_another"]) == (1, 1, 0)
     assert format_injected(absorbed_apart)[:3] == [
         "injected faults: 2 (NOT all classified as injected: 1 classified as injected, 1 absorbed by a fault that "
         "landed before they were noticed (counted apart))",
-        "  gpu_xid: injected 1, classified as expected 1 (xid_error x1)",
-        "  rank_hang: injected 1, classified as expected 0 (absorbed by gpu_xid x1)"]
+        "  gpu_xid: injected 1, classified as expected 1 (xid_error)",
+        "  rank_hang: injected 1, classified as expected 0; absorbed 1 (by the gpu_xid that ended attempt 0 cycle 0)"]
 
+
+
+def test_the_injected_summary_says_what_each_fault_of_a_kind_was_classified_as_and_where():
+    """Issue 34 §5: per fault kind, the faults classified as expected (by type); each one classified as another type,
+    with the cycle whose ending named it (the place to read); the absorbed ones apart, with the ending that absorbed
+    them; and the ones matched to no interruption (when) or not carried out (why)."""
+    import time
+
+    from megatron_resilience.goodput.accounting import Accounting, Interruption
+    from megatron_resilience.jobs.injected import format_injected, summarize
+
+    def inj(t, fault, *expected, **more):
+        return {"time": T0 + t, "fault": fault, "expected": list(expected), **more}
+
+    def ended(index, attempt, cycle, cause, injection, absorbed=()):
+        t = injection["time"]
+        return Interruption(index, attempt, cycle, "process", cause, t, "injected", t, t + 1, injection=injection,
+                            absorbed=list(absorbed))
+
+    ecc = [inj(10, "gpu_ecc", "ecc_error"), inj(20, "gpu_ecc", "ecc_error"), inj(31, "gpu_ecc", "ecc_error"),
+           inj(90, "gpu_ecc", "ecc_error"), inj(95, "gpu_ecc", "ecc_error", ok=False, why="no rank process of job 7")]
+    xid = [inj(30, "gpu_xid", "xid_error"), inj(40, "gpu_xid", "xid_error")]
+    preempt = [inj(50, "preempt", "preempted", "system_cancel"), inj(60, "preempt", "preempted", "system_cancel")]
+    acc = Accounting(interruptions=[
+        ended(0, 0, 1, "ecc_error", ecc[0]), ended(1, 0, 8, "xid_error", ecc[1]),
+        ended(2, 1, 0, "xid_error", xid[0], absorbed=[ecc[2]]), ended(3, 1, 3, "ecc_error", xid[1]),
+        ended(4, 1, 4, "preempted", preempt[0]), ended(5, 2, 0, "system_cancel", preempt[1])])
+    summary = summarize(acc, ecc + xid + preempt, [])
+    at_90 = time.strftime("%H:%M:%S", time.localtime(T0 + 90))
+    assert format_injected(summary) == [
+        "injected faults: 9 (NOT all classified as injected: 4 classified as injected, 2 as another type, 1 absorbed "
+        "by a fault that landed before they were noticed (counted apart), 1 matched to no interruption, 1 not done)",
+        "  gpu_ecc: injected 5, classified as expected 1 (ecc_error); as xid_error 1 (attempt 0 cycle 8); absorbed 1 "
+        f"(by the gpu_xid that ended attempt 1 cycle 0); matched to no interruption 1 (injected at {at_90}); not "
+        "done 1 (no rank process of job 7)",
+        "  gpu_xid: injected 2, classified as expected 1 (xid_error); as ecc_error 1 (attempt 1 cycle 3)",
+        "  preempt: injected 2, classified as expected 2 (preempted 1, system_cancel 1)",
+        "  nodes excluded by the job-level decision: none"]
+    assert summary["by_fault"]["gpu_ecc"] == {
+        "injected": 5, "classified_as_expected": 1, "as_expected": {"ecc_error": 1},
+        "as_another": {"xid_error": ["attempt 0 cycle 8"]}, "absorbed": ["by the gpu_xid that ended attempt 1 cycle 0"],
+        "no_interruption": [T0 + 90], "not_done": ["no rank process of job 7"]}
 
 def test_a_node_set_down_just_past_slurms_whole_second_end_is_the_attempts_fault():
     """NODE_FAIL ends the attempt at once and sacct's End has whole seconds: the injection at End + 0.7 s is the

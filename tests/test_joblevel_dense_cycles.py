@@ -30,6 +30,7 @@ from resilience_support.goodput_records import T0, save, start, steps, write_jso
 from megatron_resilience.jobs import report
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
+from megatron_resilience.jobs.injected import format_injected
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.jobs.ledger import Ledger
 
@@ -200,4 +201,10 @@ def test_the_report_matches_every_injected_fault_to_the_cycle_it_ended(tmp_path)
     assert [(r["fault"], r["classified"], r["match"], r["absorbed_by"]) for r in run.injected["injections"]] == [
         ("gpu_xid", "xid_error", True, None), ("gpu_ecc", "ecc_error", True, None),
         ("gpu_xid", "xid_error", True, None), ("rank_hang", "hang", True, None), ("preempt", "preempted", True, None)]
-    assert run.injected["all_classified"]
+    assert format_injected(run.injected) == [
+        "injected faults: 5 (all classified as injected: 5 classified as injected)",
+        "  gpu_ecc: injected 1, classified as expected 1 (ecc_error)",
+        "  gpu_xid: injected 2, classified as expected 2 (xid_error)",
+        "  preempt: injected 1, classified as expected 1 (preempted)",
+        "  rank_hang: injected 1, classified as expected 1 (hang)",
+        "  nodes excluded by the job-level decision: none"]

@@ -6,10 +6,15 @@ matched each failed cycle to the faults injected into it: the one its classifica
 any other landed before the cycle's failure was noticed and was absorbed by it (the allocation clock lets a
 second fault land during the first one's detection or recovery, as the world does). The nodes the job-level
 decision excluded come from the run's ledger.
+
+The report prints, per fault kind, what each injected fault was classified as and where (the attempt and in-job
+cycle whose ending it caused), the faults absorbed by another fault's ending apart (which ending), and the ones
+chaos could not carry out (why): a misclassification names the cycle to read.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from megatron_resilience.goodput.accounting import Accounting, AttemptWindow
@@ -37,16 +42,13 @@ def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[A
         rows.append({"time": inj.get("time"), "fault": inj.get("fault"), "cause": inj.get("cause"),
                      "node": inj.get("node"), "rank": inj.get("rank"), "expected": expected,
                      "classified": classified, "match": ok, "interruption": intr.index if intr else None,
+                     "attempt": intr.attempt if intr else None, "cycle": intr.cycle if intr else None,
                      "kind": intr.kind if intr else None, "exclusion_requested": excluded,
                      "hardware": bool(inj.get("hardware")), "done": inj.get("ok", True) is not False,
                      "absorbed_by": (by or {}).get("fault") if absorbed else None})
-        k = kinds.setdefault(str(inj.get("fault")), {"injected": 0, "classified_as_expected": 0, "as": {}})
-        k["injected"] += 1
-        k["classified_as_expected"] += int(ok)
-        label = f"absorbed by {(by or {}).get('fault')}" if absorbed else str(classified)
-        if inj.get("ok") is False:  # chaos could not carry it out: no fault happened, and the ledger says why
-            label = f"not done: {str(inj.get('why') or inj.get('output') or 'no reason recorded')[:160]}"
-        k["as"][label] = k["as"].get(label, 0) + 1
+        _count(kinds.setdefault(str(inj.get("fault")), {
+            "injected": 0, "classified_as_expected": 0, "as_expected": {}, "as_another": {}, "absorbed": [],
+            "no_interruption": [], "not_done": []}), rows[-1], inj, intr)
     applied: list[str] = []
     for w in windows:
         for node in w.decision.get("exclude_applied") or []:
@@ -59,10 +61,30 @@ def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[A
             "as_expected": sum(1 for r in rows if r["match"]),
             "absorbed": sum(1 for r in rows if r["absorbed_by"]),
             "as_another": sum(1 for r in rows if r["classified"] is not None and not r["match"]),
+            "no_interruption": sum(1 for r in rows if r["done"] and r["interruption"] is None),
             "not_done": sum(1 for r in rows if not r["done"])}
 
 
+def _count(k: dict[str, Any], row: dict[str, Any], inj: dict[str, Any], intr: Any) -> None:
+    """Add one injection to its kind's tally: as expected (by type), as another type (where: the cycle to read),
+    absorbed (by which fault's ending), matched to no interruption (when), or not carried out (why)."""
+    k["injected"] += 1
+    where = f"attempt {row['attempt']} cycle {row['cycle']}"
+    if inj.get("ok") is False:  # chaos could not carry it out: no fault happened, and the ledger says why
+        k["not_done"].append(str(inj.get("why") or inj.get("output") or "no reason recorded")[:160])
+    elif intr is not None and row["classified"] is None:  # absorbed by the interruption of another fault
+        k["absorbed"].append(f"by the {row['absorbed_by'] or 'fault'} that ended {where}")
+    elif row["classified"] is None:
+        k["no_interruption"].append(row["time"])
+    elif row["match"]:
+        k["classified_as_expected"] += 1
+        k["as_expected"][row["classified"]] = k["as_expected"].get(row["classified"], 0) + 1
+    else:
+        k["as_another"].setdefault(row["classified"], []).append(where)
+
+
 def format_injected(summary: dict[str, Any]) -> list[str]:
+    """The summary as text: a headline, then one line per fault kind (the kinds' tallies, :func:`_count`)."""
     if not summary["injections"]:
         return []
     absorbed = summary.get("absorbed") or 0
@@ -70,12 +92,24 @@ def format_injected(summary: dict[str, Any]) -> list[str]:
     counts += [f"{summary['as_another']} as another type"] if summary.get("as_another") else []
     counts += [f"{absorbed} absorbed by a fault that landed before they were noticed (counted apart)"] \
         if absorbed else []
+    counts += [f"{summary['no_interruption']} matched to no interruption"] if summary.get("no_interruption") else []
     counts += [f"{summary['not_done']} not done"] if summary.get("not_done") else []
     lines = [f"injected faults: {len(summary['injections'])} ({'all' if summary['all_classified'] else 'NOT all'} "
              f"classified as injected: {', '.join(counts)})"]
     for fault, k in sorted(summary["by_fault"].items()):
-        seen = ", ".join(f"{name} x{n}" for name, n in sorted(k["as"].items()))
-        lines.append(f"  {fault}: injected {k['injected']}, classified as expected {k['classified_as_expected']} "
-                     f"({seen})")
+        types = sorted(k["as_expected"].items())
+        named = types[0][0] if len(types) == 1 else ", ".join(f"{t} {n}" for t, n in types)
+        parts = [f"injected {k['injected']}, classified as expected {k['classified_as_expected']}"
+                 + (f" ({named})" if types else "")]
+        parts += [f"as {t} {len(where)} ({', '.join(where)})" for t, where in sorted(k["as_another"].items())]
+        parts += [f"absorbed {len(k['absorbed'])} ({', '.join(k['absorbed'])})"] if k["absorbed"] else []
+        parts += [f"matched to no interruption {len(k['no_interruption'])} (injected at "
+                  f"{', '.join(_clock(t) for t in k['no_interruption'])})"] if k["no_interruption"] else []
+        parts += [f"not done {len(k['not_done'])} ({', '.join(k['not_done'])})"] if k["not_done"] else []
+        lines.append(f"  {fault}: " + "; ".join(parts))
     lines.append(f"  nodes excluded by the job-level decision: {', '.join(summary['excluded_nodes']) or 'none'}")
     return lines
+
+
+def _clock(t: Any) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(float(t))) if isinstance(t, (int, float)) else "?"
