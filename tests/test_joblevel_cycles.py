@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 from nvrx_releases import probe
 
@@ -122,3 +123,35 @@ def test_in_process_restarts_are_cycles_of_their_own_and_each_launcher_cycle_kee
     assert [c["in_job_restart"] for c in record["cycles"]] == [0, 0, 1, 1]
     assert [c["cycle_info"]["cycle_start_time"] for c in record["cycles"]] == [  # each launcher cycle's own
         "2026-11-23T05:13:23Z", "2026-11-23T05:13:23Z", "2026-11-23T05:20:30Z", "2026-11-23T05:20:30Z"]
+
+
+def test_the_launchers_own_lines_go_to_the_cycle_they_name_or_ran_in(tmp_path):
+    """With per-cycle logs the job step's log keeps the launcher's own lines: an earlier cycle's rank-monitor timeout
+    (``[Cycle 0]``) and failure line (stamped while cycle 0 ran) are that cycle's evidence, not the last cycle's,
+    whose ending is the attempt's (issue 34 §5: every cycle's evidence from its own lines)."""
+    cfg, ledger, job_dir = job_layout(tmp_path)
+    t0 = 1_800_000_000
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0 + t)) + ",000"
+
+    def iso(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0 + t))
+
+    write_cycles(job_dir, [(iso(0), iso(400), "healthy_megatron.log"), (iso(430), iso(900), "cuda_oom.log")])
+    with open(os.path.join(job_dir, "log-acct.gpt_77_0.out"), "w") as f:
+        f.write(f"[{stamp(0)}] [INFO] [ft_launcher7125@nid001] [default] Starting worker group\n"
+                f"[{stamp(380)}] [WARNING] [RankMonServer3210@nid001:1] [Cycle 0] Section 'step' has been open for "
+                "185.43 seconds. Timeout is 180.00 seconds.\n"
+                f"[{stamp(381)}] [ERROR] [ft_launcher7125@nid001] failed (exitcode: -9) local_rank: 1 (pid: 3411) of "
+                "binary: /usr/bin/python\n"
+                f"[{stamp(381)}] [INFO] [ft_launcher7125@nid001] [default] Worker group FAILED. 1/2 attempts left; "
+                "will restart worker group\n")
+    ending = end_attempt(cfg, ledger, job_id="77", restart=0, exit_code=1, slurm_state="RUNNING", by="batch",
+                         cluster_info=Cluster(nodes=["nid001", "nid002"]))
+    first = ending.record["cycles"][0]["ended"]
+    assert (first["error_type"], first["time"], first["hosts"]) == ("hang", t0 + 400, ["nid001"])
+    assert first["evidence"][0].endswith("[Cycle 0] Section 'step' has been open for 185.43 seconds. Timeout is "
+                                         "180.00 seconds.")
+    assert ending.classification.error_type == "cuda_oom"
+    assert not [line for line in ending.classification.evidence if "Section 'step'" in line]

@@ -208,3 +208,18 @@ def test_the_report_matches_every_injected_fault_to_the_cycle_it_ended(tmp_path)
         "  preempt: injected 1, classified as expected 1 (preempted)",
         "  rank_hang: injected 1, classified as expected 1 (hang)",
         "  nodes excluded by the job-level decision: none"]
+
+
+def test_cycles_pair_by_the_launchers_restart_count_else_by_position():
+    """The pairing's rules: the trainer's ``in_job_restart`` names its launcher cycle (several: in-process restarts;
+    none: workers that died in setup); cycles whose marks a cut log lost have no launcher lines; records without the
+    count (another trainer) pair by position."""
+    from megatron_resilience.jobs.attempts import _pairs
+    from megatron_resilience.jobs.launcher_log import LauncherCycle
+
+    launcher = [LauncherCycle(n) for n in (0, 1, 2, 3)]
+    named = [{"in_job_restart": n} for n in (0, 1, 1, 3)]
+    assert _pairs(named, launcher) == [(0, 0), (1, 1), (2, 1), (None, 2), (3, 3)]
+    cut = [LauncherCycle(n) for n in (2, 3)]  # the log's last 8 MiB: cycles 0 and 1 lost their marks
+    assert _pairs([{"in_job_restart": n} for n in (0, 1, 2, 3)], cut) == [(0, None), (1, None), (2, 0), (3, 1)]
+    assert _pairs([{"in_job_restart": None}, {}], launcher) == [(0, 0), (1, 1), (None, 2), (None, 3)]
