@@ -200,7 +200,7 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
     followed it."""
     ends = _cycle_ends(list(mine))
     trainer = progress["cycles"]
-    pairs = _pairs(trainer, files.launcher)
+    pairs = _pairs(trainer, files.launcher, len(files.cycle_info))
     out = []
     for k, (t, at) in enumerate(pairs):
         entry: dict[str, Any] = {"cycle": k}
@@ -233,14 +233,16 @@ def _cycles(files: ev.AttemptFiles, progress: dict[str, Any], cfg: JobLevelConfi
     return out
 
 
-def _pairs(trainer: list[dict[str, Any]], launcher: list[ev.LauncherCycle]) -> list[tuple[int | None, int | None]]:
+def _pairs(trainer: list[dict[str, Any]], launcher: list[ev.LauncherCycle], infos: int = 0) \
+        -> list[tuple[int | None, int | None]]:
     """(trainer cycle, launcher cycle) of each in-job cycle, in order (None: there is none).
 
     The trainer's ``start`` records name their launcher cycle (``in_job_restart``: the workers'
     ``TORCHELASTIC_RESTART_COUNT``, the count the launcher printed); a launcher cycle no record names died in its
     setup, and one with several records had in-process restarts. Pairing by position instead gave every cycle after
-    such a one the evidence of the cycle before it. Records without the count (another trainer) or counts the log
-    does not show (a log cut at ``max_log_bytes`` lost the first cycles' marks) pair by position, as before."""
+    such a one the evidence of the cycle before it. Cycles before the log's first mark (a log cut at
+    ``max_log_bytes``) have no launcher lines. Records without the count (another trainer) or with counts the log
+    does not show pair by position, as before, over the launcher's cycles or the ``infos`` cycle-info files."""
     counts = [c.get("in_job_restart") for c in trainer]
     where = {c.count: j for j, c in enumerate(launcher)}
     if trainer and all(isinstance(n, int) for n in counts) and counts == sorted(counts):
@@ -250,5 +252,5 @@ def _pairs(trainer: list[dict[str, Any]], launcher: list[ev.LauncherCycle]) -> l
             for j, cycle in enumerate(launcher):
                 out += [(t, j) for t, n in enumerate(counts) if n == cycle.count] or [(None, j)]
             return out
-    count = max(len(launcher), len(trainer), 1)
-    return [(k if k < len(trainer) else None, k if k < len(launcher) else None) for k in range(count)]
+    known = max(len(launcher), infos)
+    return [(k if k < len(trainer) else None, k if k < known else None) for k in range(max(known, len(trainer), 1))]

@@ -10,8 +10,9 @@ process killed mid-write) are dropped, so a truncated line never matches.
 
 In-job restart cycles come from ft_launcher's cycle-info files (nvidia-resiliency-ext >= 0.7:
 ``cycle_info.<job>.<attempt>.<cycle>`` JSON) when present, else from the launcher's
-``restart_count=N`` lines and the trainer's ``start`` records in ``metrics.jsonl`` (whose
-``attempt``/``resumed_from`` fields are used when present, tolerated when absent).
+``restart_count=N`` lines (``launcher_log.py``), and the trainer's ``start`` records in ``metrics.jsonl``
+(whose ``attempt``/``resumed_from`` fields are used when present, tolerated when absent); the restart
+count pairs the two (``attempts._pairs``).
 """
 
 from __future__ import annotations
