@@ -154,9 +154,9 @@ def compare_losses(mine: dict[int, float], ref: dict[int, float], steps: int) ->
 
 def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: int | None, clusters: dict) -> dict:
     from megatron_resilience.jobs.ledger import Ledger
-    from megatron_resilience.jobs.report import build as build_report
-    from megatron_resilience.jobs.report import format_report
-    from megatron_resilience.jobs.timeline import write_timeline
+    from megatron_resilience.report.run_report import build as build_report
+    from megatron_resilience.report.run_report import format_report
+    from megatron_resilience.report.timeline import write_timeline
 
     variant = VARIANTS[variant_name]
     try:

@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(summary, args.plot or os.path.join(config.run_dir, "demo.png"))
     print(format_summary(summary))
     print(f"plot:         {png}")
-    from megatron_resilience.jobs.report import build as build_report
-    from megatron_resilience.jobs.report import format_report
-    from megatron_resilience.jobs.timeline import write_timeline
+    from megatron_resilience.report.run_report import build as build_report
+    from megatron_resilience.report.run_report import format_report
+    from megatron_resilience.report.timeline import write_timeline
 
     report = build_report(config.run_dir)
     print(format_report(report))

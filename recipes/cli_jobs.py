@@ -145,7 +145,7 @@ class ToolEntrypoint(Entrypoint):
 def report(run: str, png: str = "", logs: bool = False, json: bool = False, tensorboard: bool = True) -> int:
     """The run's chain of attempts, goodput and badput by cause, a PNG timeline (RUN_DIR/attempts_timeline.png)
     and goodput/badput as TensorBoard scalars in the run's TensorBoard folder."""
-    from megatron_resilience.jobs.report_cli import main
+    from megatron_resilience.report.cli import main
 
     return main(report_argv(run, {"png": png, "logs": logs, "json": json, "tensorboard": tensorboard}))
 

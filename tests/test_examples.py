@@ -106,7 +106,7 @@ def _assert_the_run_itself_matches_the_summary(run_dir: str, scratch) -> None:
 
 def _assert_the_report_adds_up(run_dir: str, records: list[dict]) -> None:
     """The report the demo printed, bucket by bucket against the run's own records (issue 26)."""
-    from megatron_resilience.jobs.report import build
+    from megatron_resilience.report.run_report import build
 
     report = build(run_dir)
     acc = report.accounting

@@ -24,7 +24,7 @@ from resilience_support.goodput_records import (
 )
 
 from megatron_resilience.goodput.accounting import BUCKETS, PRODUCTIVE, AttemptWindow, account
-from megatron_resilience.jobs import report
+from megatron_resilience.report import run_report as report
 
 
 def test_every_bucket_of_an_in_job_restart_after_an_injected_hang():
@@ -270,7 +270,7 @@ def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_t
     """The allocation clock lets a second fault land during the first one's detection: a hang at 31 s, then a rank
     killed (Xid) at 33 s, noticed at 36 s. The cycle ended once, classified as the kill: the Xid caused it, the
     hang was absorbed by it, and the cost starts at the hang (the first fault: its silence is detection time)."""
-    from megatron_resilience.jobs.injected import format_injected, summarize
+    from megatron_resilience.report.injected import format_injected, summarize
 
     hang = {"time": T0 + 31.0, "fault": "rank_hang", "expected": ["hang"], "ok": True}
     xid = {"time": T0 + 33.0, "fault": "gpu_xid", "expected": ["xid_error"], "ok": True}
@@ -310,7 +310,7 @@ def test_the_injected_summary_says_what_each_fault_of_a_kind_was_classified_as_a
     import time
 
     from megatron_resilience.goodput.accounting import Accounting, Interruption
-    from megatron_resilience.jobs.injected import format_injected, summarize
+    from megatron_resilience.report.injected import format_injected, summarize
 
     def inj(t, fault, *expected, **more):
         return {"time": T0 + t, "fault": fault, "expected": list(expected), **more}

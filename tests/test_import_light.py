@@ -26,7 +26,7 @@ def test_dashboards_and_the_reports_tensorboard_scalars_stay_torch_free():
     would import torch): importing the dashboards and writing an event file loads neither torch nor wandb."""
     code = (
         "import sys, tempfile\n"
-        "from megatron_resilience.jobs import report_cli\n"
+        "from megatron_resilience.report import cli as report_cli\n"
         "from megatron_resilience.dashboards import Point\n"
         "from megatron_resilience.dashboards.tensorboard import EventWriter\n"
         "w = EventWriter(tempfile.mkdtemp()); w.write([Point('goodput/goodput-percent', 50.0, 3)]); w.close()\n"

@@ -33,7 +33,7 @@ import pytest
 from resilience_support.agents import launch_two_agents
 from resilience_support.launch import launch, run_to_end, wait_for
 
-from megatron_resilience.jobs import report
+from megatron_resilience.report import run_report as report
 
 pytestmark = pytest.mark.slow
 

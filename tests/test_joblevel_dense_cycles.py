@@ -27,12 +27,12 @@ import time
 
 from resilience_support.goodput_records import T0, save, start, steps, write_jsonl
 
-from megatron_resilience.jobs import report
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
-from megatron_resilience.jobs.injected import format_injected
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.report import run_report as report
+from megatron_resilience.report.injected import format_injected
 
 LAUNCHER = "[ft_launcher3001@node-01]"
 END = 175.0  # the attempt's end (the batch trap ran then)

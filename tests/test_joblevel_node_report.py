@@ -8,7 +8,7 @@ from test_joblevel_corpus import CASES, UP, lay_out
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.ledger import Ledger
-from megatron_resilience.jobs.report import build, format_report
+from megatron_resilience.report.run_report import build, format_report
 
 
 def test_the_report_lists_per_node_failures_and_exclusions(tmp_path):
@@ -69,7 +69,7 @@ def test_a_node_failure_naming_several_nodes_blames_each_and_an_address_maps_to_
 
 
 def test_an_exclusion_that_was_not_applied_says_so_in_the_node_table():
-    from megatron_resilience.jobs.node_history import format_node_table
+    from megatron_resilience.report.node_history import format_node_table
 
     attempts = [{"nodes": ["n1"], "classification": {"mode": "crash", "error_type": "xid_error", "hosts": ["n1"]},
                  "decision": {"exclude_requested": ["n1"], "exclude_applied": []}}]
@@ -81,7 +81,7 @@ def test_an_exclusion_that_was_not_applied_says_so_in_the_node_table():
 def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cycle():
     """An Xid on mn1 ended cycle 0 of attempt 1 (ft_launcher restarted in the job, no job-level decision); the
     attempt then ended preempted: mn1 shows the Xid as 1.0, and no exclusion."""
-    from megatron_resilience.jobs.node_history import format_node_table
+    from megatron_resilience.report.node_history import format_node_table
 
     attempts = [
         {"nodes": ["mn3"], "classification": {"mode": "crash", "error_type": "node_fail", "hosts": ["mn3"]},

@@ -220,7 +220,7 @@ def test_simulated_fault_config_errors(kwargs, message):
 
 def test_job_level_import_is_light():
     """The EXIT trap's import: no torch, no megatron, no nemo_run."""
-    code = ("import sys, megatron_resilience.jobs.batch_exit, megatron_resilience.jobs.report; "
+    code = ("import sys, megatron_resilience.jobs.batch_exit, megatron_resilience.report.run_report; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'nemo_run')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr

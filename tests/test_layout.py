@@ -34,16 +34,16 @@ MAY_IMPORT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "goodput": ((), ()),
     "upstream": (("config",), ()),
     "dashboards": (("config",), ()),
-    "jobs": (("config", "upstream", "goodput"), ("dashboards",)),
+    "jobs": (("config", "upstream", "goodput"), ()),
     "chaos": (("config", "jobs"), ()),
-    "report": (("jobs",), ()),
+    "report": (("config", "goodput", "jobs"), ("dashboards",)),
     "watch": (("jobs",), ()),
     "plugins": (("config", "upstream", "jobs"), ()),
     "runtime": (("config", "upstream", "goodput", "dashboards"), ("jobs.ledger",)),
     "resilience": (("config", "upstream", "runtime"), ()),
     "trainer": (("config", "upstream", "dashboards", "runtime", "resilience"), ()),
     "entry": (("config",), ("upstream", "plugins.submit_check", "trainer")),
-    "recipes": (("config", "upstream", "entry", "plugins"), ("jobs", "chaos")),
+    "recipes": (("config", "upstream", "entry", "plugins"), ("jobs", "chaos", "report")),
     "__main__": (("config",), ("recipes", "trainer")),
     "__init__": (("config", "entry"), ()),
 }
@@ -117,7 +117,7 @@ IMPORTS = [imp for module, path in sorted(MODULES.items()) for imp in imports_of
 
 
 def room(module: str) -> str:
-    """``megatron_resilience.jobs.report`` -> ``jobs``; the package's own ``__init__`` -> ``__init__``."""
+    """``megatron_resilience.report.run_report`` -> ``jobs``; the package's own ``__init__`` -> ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 
-from megatron_resilience.jobs import attempt_throughput, node_range
+from megatron_resilience.jobs import node_range
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.decision import Cluster, Decision, decide
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
 from megatron_resilience.jobs.policies import load_policy
+from megatron_resilience.report import throughput as attempt_throughput
 
 
 def cfg(min_nodes=1, nodes=2, **kw):

@@ -18,8 +18,8 @@ from dashboards_support import read_tensorboard
 from megatron_resilience.dashboards import DashboardSink
 from megatron_resilience.dashboards.tensorboard import EventWriter
 from megatron_resilience.jobs.ledger import Ledger
-from megatron_resilience.jobs.report_cli import main as report_main
-from megatron_resilience.jobs.report_cli import skipped
+from megatron_resilience.report.cli import main as report_main
+from megatron_resilience.report.cli import skipped
 from megatron_resilience.runtime.metrics import MetricsLogger
 from megatron_resilience.upstream.nemorun import run_cli
 

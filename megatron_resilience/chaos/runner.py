@@ -31,8 +31,7 @@ from typing import Any, Callable
 from megatron_resilience.chaos import inject as actions
 from megatron_resilience.chaos.faults import fault
 from megatron_resilience.chaos.mix import Mix, load_mix
-from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
-from megatron_resilience.jobs.report_inputs import CHAOS_LEDGER_FILE
+from megatron_resilience.jobs.ledger import CHAOS_LEDGER_FILE, LEDGER_FILE, Ledger
 from megatron_resilience.jobs.watcher import current_job
 
 CLOCKS = ("training", "allocation")

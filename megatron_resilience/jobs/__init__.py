@@ -18,7 +18,8 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.ledger`     the run's JSON-lines ledger, write-ahead records around every Slurm command;
 - :mod:`.jobconfig`  the job-level config the plugins render into the sbatch script;
 - :mod:`.batch_exit` the batch script's EXIT trap; :mod:`.watcher` what the job cannot see about itself;
-- :mod:`.report`     the chain of attempts as a table, goodput/badput; :mod:`.timeline` its PNG;
-  :mod:`.node_history` the report's per-node table (failures attributed, exclusions);
-  :mod:`.report_cli` the command line over both.
+- :mod:`.node_exclusion` which nodes a requeue avoids; :mod:`.shared_node_history` attributions shared by runs.
+
+What a run cost is :mod:`megatron_resilience.goodput`'s; what happened, as a report,
+:mod:`megatron_resilience.report`'s.
 """

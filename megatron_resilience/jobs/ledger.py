@@ -31,6 +31,7 @@ import uuid
 from typing import Any
 
 LEDGER_FILE = "job_ledger.jsonl"
+CHAOS_LEDGER_FILE = "chaos_ledger.jsonl"  # the faults ``python -m megatron_resilience.chaos`` injected into the run
 VERSION = 1
 
 

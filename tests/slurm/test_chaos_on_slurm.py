@@ -22,7 +22,7 @@ import pytest
 
 from megatron_resilience.chaos.mix import load_mix
 from megatron_resilience.chaos.runner import plan
-from megatron_resilience.jobs.report_inputs import parse_slurm_time
+from megatron_resilience.report.inputs import parse_slurm_time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

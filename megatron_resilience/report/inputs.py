@@ -20,10 +20,8 @@ from typing import Any
 from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
 from megatron_resilience.jobs.evidence import read_tail
 from megatron_resilience.jobs.launcher_log import detection_time
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.jobs.ledger import CHAOS_LEDGER_FILE, Ledger
 from megatron_resilience.jobs.slurm import parse_slurm_time
-
-CHAOS_LEDGER_FILE = "chaos_ledger.jsonl"  # written by ``python -m megatron_resilience.chaos`` next to the run
 
 
 def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, Any]]:

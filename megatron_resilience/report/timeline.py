@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from megatron_resilience.goodput.accounting import PRODUCTIVE, QUEUE
-from megatron_resilience.jobs.report import RunReport
+from megatron_resilience.report.run_report import RunReport
 
 COLORS = {PRODUCTIVE: "#4caf50", "startup": "#9e9e9e", "data_loading": "#bdbdbd", "checkpoint_restore": "#7e57c2",
           "checkpoint_save": "#212121", "wasted_progress": "#ff9800", "failure_detection": "#ad1457",

@@ -16,11 +16,13 @@ import sys
 
 from megatron_resilience.config.paths import check_writable_dir
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.jobs import attempt_throughput, report, report_scalars
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE
-from megatron_resilience.jobs.timeline import write_timeline
+from megatron_resilience.report import run_report as report
+from megatron_resilience.report import scalars as report_scalars
+from megatron_resilience.report import throughput as attempt_throughput
+from megatron_resilience.report.timeline import write_timeline
 
 PROG = "python -m megatron_resilience.report"
 # what each optional part needs: (package, install hint, the option that leaves it out); extras are pyproject's

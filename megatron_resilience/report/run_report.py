@@ -1,6 +1,6 @@
 """The run's chain of attempts as a table, its goodput, its badput by bucket and by cause, and the optimum.
 
-    python -m megatron_resilience.report RUN_DIR [--png FILE] [--logs] [--json]   (jobs/report_cli.py)
+    python -m megatron_resilience.report RUN_DIR [--png FILE] [--logs] [--json]   (report/cli.py)
     nemo megatron_resilience report RUN_DIR
 
 One row per in-job cycle of every Slurm attempt (ft_launcher/torchrun restarts inside a job, in-process
@@ -28,11 +28,11 @@ from typing import Any
 
 from megatron_resilience.goodput.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
 from megatron_resilience.goodput.optimum import Optimum, format_optimum, measure
-from megatron_resilience.jobs import injected as injected_faults
-from megatron_resilience.jobs import report_inputs as inputs
 from megatron_resilience.jobs.evidence import read_json, read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
-from megatron_resilience.jobs.node_history import format_node_table
+from megatron_resilience.report import injected as injected_faults
+from megatron_resilience.report import inputs
+from megatron_resilience.report.node_history import format_node_table
 
 
 @dataclass
