@@ -171,7 +171,7 @@ def test_translation_says_what_each_foreign_key_became(caplog, monkeypatch):
 
 @pytest.mark.parametrize("names, expected", [
     (["oom"], ("cuda_oom", "cpu_oom")),
-    (["hardware"], ("xid_error", "ecc_error", "cuda_error", "cuda_hang", "node_fail", "rerun_resume")),
+    (["hardware"], ("xid_error", "ecc_error", "cuda_hang", "cuda_error", "node_fail", "rerun_resume")),
     (["cancelled"], ("system_cancel", "preempted")),
     (["slurm_failure", "numerical_instability"], ("node_fail", "batch_lost", "killed", "unknown", "nan_inf")),
     (["hang"], ("hang",)),  # in this package's files a shared name keeps this package's meaning

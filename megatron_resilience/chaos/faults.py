@@ -27,33 +27,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_resilience.jobs import taxonomy
+
 
 @dataclass(frozen=True)
 class FaultKind:
     name: str
     expected: tuple[str, ...]  # the error types the job-level classifier should call it
     where: str  # rank | node | job | trainer
-    hardware: bool  # a fault of the machine: the job-level decision should keep the job off the node
     meaning: str
     lines: tuple[str, ...] = ()  # what the rank writes before it dies ({host}, {pid}, {rank})
     signal: str | None = None  # what the rank gets (rank kinds)
 
+    @property
+    def hardware(self) -> bool:
+        """A fault of the machine (its expected types are machine failures: jobs/taxonomy.py): the job-level
+        decision should keep the job off the node."""
+        return any(t in taxonomy.MACHINE_TYPES for t in self.expected)
+
 
 FAULTS: dict[str, FaultKind] = {f.name: f for f in (
-    FaultKind("gpu_xid", ("xid_error",), "rank", True, "a GPU falls off the bus (Xid 79) and its rank dies",
+    FaultKind("gpu_xid", ("xid_error",), "rank", "a GPU falls off the bus (Xid 79) and its rank dies",
               lines=("{host} kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off "
                      "the bus.",), signal="SIGKILL"),
-    FaultKind("gpu_ecc", ("ecc_error",), "rank", True, "an uncorrectable HBM ECC error kills a rank",
+    FaultKind("gpu_ecc", ("ecc_error",), "rank", "an uncorrectable HBM ECC error kills a rank",
               lines=("[rank{rank}]: Traceback (most recent call last):",
                      "[rank{rank}]: RuntimeError: CUDA error: uncorrectable ECC error encountered"), signal="SIGKILL"),
-    FaultKind("python_bug", ("python_exception",), "rank", False, "an uncaught Python exception ends a rank",
+    FaultKind("python_bug", ("python_exception",), "rank", "an uncaught Python exception ends a rank",
               lines=("[rank{rank}]: Traceback (most recent call last):",
                      "[rank{rank}]: ZeroDivisionError: division by zero"), signal="SIGKILL"),
-    FaultKind("rank_hang", ("hang",), "rank", False, "a rank stops making progress (a dead link, an NCCL peer)",
+    FaultKind("rank_hang", ("hang",), "rank", "a rank stops making progress (a dead link, an NCCL peer)",
               signal="SIGSTOP"),
-    FaultKind("preempt", ("preempted",), "job", False, "the scheduler warns of maintenance: save and requeue"),
-    FaultKind("node_down", ("node_fail",), "node", True, "the node fails (power, board, CPU, memory, SSD)"),
-    FaultKind("nan", ("rerun_resume",), "trainer", True, "silent data corruption: the loss turns NaN on one rank"),
+    FaultKind("preempt", ("preempted",), "job", "the scheduler warns of maintenance: save and requeue"),
+    FaultKind("node_down", ("node_fail",), "node", "the node fails (power, board, CPU, memory, SSD)"),
+    FaultKind("nan", ("rerun_resume",), "trainer", "silent data corruption: the loss turns NaN on one rank"),
 )}
 
 

@@ -41,12 +41,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.monitors import Signal
 from megatron_resilience.jobs.root_cause import RootCause, first_failure
 
 STRENGTH = {"failed": 100, "hardware": 90, "first_failure": 70, "stalled_rank": 70, "peer": 50, "failed_rank": 40,
             "reporter": 30, "batch_host": 10}
-HARDWARE_LINES = ("xid_error", "ecc_error", "cuda_error", "cuda_hang", "rerun_resume", "nan_inf")
 RANK_FAILURE_MONITORS = ("worker_failed_exitcode", "srun_task_failed")
 NODE_STATE_MONITOR = "slurm_node_state"
 # Node states (``scontrol show node``) that say the node itself failed or was taken out.
@@ -140,7 +140,7 @@ def _mention(s: Signal, group: str, host: str, root: RootCause | None, srun_firs
         role = "failed"
     elif group in ("peer", "batch_host"):
         role = group
-    elif s.error_type in HARDWARE_LINES and s.fields.get("xid_points_at", "machine") == "machine":
+    elif s.error_type in taxonomy.HOST_EVIDENCE_TYPES and s.fields.get("xid_points_at", "machine") == "machine":
         role = "hardware"  # an Xid the driver handled or the application caused names its host only as reporter
     elif s.monitor in RANK_FAILURE_MONITORS:  # the launcher's root (above), else srun's first task line
         role = "first_failure" if (root is None or not root.host) and s is srun_first else "failed_rank"

@@ -24,9 +24,6 @@ from megatron_resilience.jobs.monitors import Signal
 from megatron_resilience.jobs.root_cause import RootCause, first_failure, split_consequences
 
 MAX_EVIDENCE_LINES = 4
-# Slurm job states that say why the job ended, whatever the logs say.
-SLURM_STATE_TYPES = {"NODE_FAIL": "node_fail", "BOOT_FAIL": "node_fail", "TIMEOUT": "time_limit",
-                     "DEADLINE": "time_limit", "PREEMPTED": "system_cancel", "OUT_OF_MEMORY": "cpu_oom"}
 
 
 @dataclass
@@ -153,7 +150,7 @@ def classify(evidence: AttemptEvidence) -> Classification:
         return _make("rerun_resume", "stop_reason",
                      "Megatron's rerun state machine asks to resume on different hardware (exit 16)",
                      signals=_of(sigs, "rerun_resume"), fields={"step": str(stop.get("step"))})
-    state_type = SLURM_STATE_TYPES.get(evidence.slurm_state or "")
+    state_type = taxonomy.SLURM_STATE_TYPES.get(evidence.slurm_state or "")
     if state_type == "node_fail":
         # Slurm ended the attempt for a failed node: a rank still running saved on Slurm's SIGTERM and wrote
         # "stopped on a signal" (exit 0), which is not a preemption.

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_resilience.goodput.history import read_jsonl
+from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.launcher_log import (  # noqa: F401 (LAUNCHER_PREFIX, split_cycles: read from here)
     LAUNCHER_PREFIX,
     LauncherCycle,
@@ -282,10 +283,10 @@ def batch_signal(name: str | None) -> list[Signal]:
                         "preemption, scancel --signal --full)", source="batch", fields={"signal": signal})]
 
 
-# What Slurm's accounting says of a job step that the logs may not: slurmstepd's cgroup OOM-kill and a node lost
-# under the step. ``sacct`` records the step's state as soon as the step ends, while the job still reads RUNNING
-# (the batch script decides then).
-STEP_STATE_TYPES = {"OUT_OF_MEMORY": ("cpu_oom", "memory"), "NODE_FAIL": ("node_fail", "node")}
+# What Slurm's accounting says of a job step that the logs may not (taxonomy.STEP_STATE_TYPES): slurmstepd's cgroup
+# OOM-kill and a node lost under the step. ``sacct`` records the step's state as soon as the step ends, while the job
+# still reads RUNNING (the batch script decides then).
+STEP_STATE_TYPES = taxonomy.STEP_STATE_TYPES
 
 
 def step_state_signals(steps: list[dict[str, Any]], *, since: float | None) -> list[Signal]:

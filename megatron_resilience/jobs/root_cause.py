@@ -37,11 +37,11 @@ import re
 import signal as _signal
 from dataclasses import dataclass, field
 
+from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.monitors import Signal
 
 FIRST_FAILURE_MONITOR = "worker_failed_exitcode"
-# What a surviving rank raises because another rank is gone (not a cause of its own).
-PEER_SYMPTOMS = ("communication_error", "watchdog_timeout", "nccl_timeout", "nccl_error")
+PEER_SYMPTOMS = taxonomy.PEER_SYMPTOMS  # what a surviving rank raises because another rank is gone
 # srun --label: the task number that prefixes every line of a task (one launcher per node: its node's index).
 SRUN_LABEL = re.compile(r"^(\d+): ")
 # torch.distributed's prefix of a rank's lines: the rank of a symptom whose monitor does not capture one

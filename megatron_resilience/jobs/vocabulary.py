@@ -38,7 +38,9 @@ ERROR_TYPES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 # A class in both vocabularies: failures that point at the machine the attempt ran on.
 CLASSES: dict[str, tuple[tuple[str, ...], str]] = {
-    "hardware": (("xid_error", "ecc_error", "cuda_error", "cuda_hang", "node_fail", "rerun_resume"),
+    # the GPU's types first: a foreign monitor's "hardware" line is read as the first type that matches it
+    "hardware": (tuple(sorted(taxonomy.MACHINE_TYPES, key=lambda t: ("gpu", "node", "numerics").index(
+        taxonomy.BY_NAME[t].subsystem))),
                  "the machine failed: Xid, ECC, CUDA errors and hangs, a node failure, Megatron's rerun machine"),
 }
 # (foreign subsystem, subsystem hint) -> the monitor's type for a foreign name with several
