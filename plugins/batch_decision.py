@@ -46,10 +46,10 @@ from megatron_resilience.plugins._executor import set_setup_block, slurm_job_fil
 from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.plugins.shell_templates import render_shell
 from megatron_resilience.plugins.task_settings import finished_evidence
+from megatron_resilience.records.names import METRICS_FILE, STOP_REASON_FILE
 from megatron_resilience.upstream import import_nemo_run
 
 BLOCK = "job-level decision"
-STOP_REASON_FILE = "stop_reason.json"  # written by the trainer's rank 0 (resilience/hooks.py; checked in tests)
 RETRIES_WITHOUT_LIMIT = 1000000
 # Signals a scheduler sends the batch shell to stop a job (the trainer's exit_signal among them).
 BATCH_SIGNALS = ("TERM", "INT", "USR1", "USR2")
@@ -84,7 +84,7 @@ def job_level_config(executor: Any, editor: Any) -> JobLevelConfig:
     return JobLevelConfig(
         job_name=executor.job_name, job_dir=job_dir, ledger=ledger_path(run_dir, job_dir), finished_flag=flag_host,
         run_dir=run_dir, stop_reason=os.path.join(run_dir, STOP_REASON_FILE) if run_dir else None,
-        metrics=os.path.join(run_dir, "metrics.jsonl") if run_dir else None,
+        metrics=os.path.join(run_dir, METRICS_FILE) if run_dir else None,
         checkpoint_dir=checkpoint if isinstance(checkpoint, str) else finished.get("checkpoint_dir"),
         train_iters=finished.get("train_iters"), ft=uses_ft_launcher(executor.launcher),
         no_restart_exit_code=plan_of(executor).no_restart_exit_code or taxonomy.NVRX_NO_RESTART_EXIT_CODE,

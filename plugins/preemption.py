@@ -63,6 +63,7 @@ from megatron_resilience.plugins.task_settings import (
     trainer_target,
     warn_unknown_trainer,
 )
+from megatron_resilience.records.names import STOP_REASON_FILE
 from megatron_resilience.upstream import TORCHRUN_SHUTDOWN_TIMEOUT_ENV, import_nemo_run
 
 run = import_nemo_run()
@@ -71,7 +72,6 @@ log = logging.getLogger("megatron_resilience.plugins")
 NAME = "PreemptionPlugin"
 # Written by the trainer's rank 0 into run_dir at exit (megatron_resilience.resilience.hooks.STOP_REASON_FILE;
 # not imported: that module needs torch). Its format is checked against the trainer's writer in the tests.
-STOP_REASON_FILE = "stop_reason.json"
 
 
 def _signal_name(key: str, value: Any) -> str:

@@ -35,6 +35,7 @@ from megatron_resilience.plugins.script_args import (
     megatron_bridge_args,
     megatron_lm_args,
 )
+from megatron_resilience.records.names import TRACKER_FILE
 from megatron_resilience.upstream import import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")
@@ -42,7 +43,7 @@ log = logging.getLogger("megatron_resilience.plugins")
 # Tracker file of the newest complete checkpoint: the same name in our trainer
 # (runtime/checkpoint_layout.TRACKER_FILE), Megatron-LM and Megatron-Bridge. Not imported: the runtime
 # package is the compute-node room.
-CHECKPOINT_TRACKER_FILE = "latest_checkpointed_iteration.txt"
+CHECKPOINT_TRACKER_FILE = TRACKER_FILE
 
 
 @dataclass

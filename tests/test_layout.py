@@ -30,29 +30,30 @@ FOLDERS = {PKG: os.path.join(ROOT, PKG), f"{PKG}.plugins": os.path.join(ROOT, "p
 # "room.module" for that module only. The rows of DEVELOPERS.md's Layout table, from the bottom of the stack up:
 # a row names only rooms of rows before it.
 MAY_IMPORT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "config": ((), ()),
-    "goodput": ((), ()),
-    "upstream": (("config",), ()),
-    "dashboards": (("config",), ()),
-    "jobs": (("config", "upstream", "goodput"), ()),
-    "chaos": (("config", "jobs"), ()),
-    "report": (("config", "goodput", "jobs"), ("dashboards",)),
-    "watch": (("jobs",), ()),
-    "plugins": (("config", "upstream", "jobs"), ()),
-    "runtime": (("config", "upstream", "goodput", "dashboards"), ("jobs.ledger",)),
-    "resilience": (("config", "upstream", "runtime"), ()),
-    "trainer": (("config", "upstream", "dashboards", "runtime", "resilience"), ()),
-    "entry": (("config",), ("upstream", "plugins.submit_check", "trainer")),
-    "recipes": (("config", "upstream", "entry", "plugins"), ("jobs", "chaos", "report")),
-    "__main__": (("config",), ("recipes", "trainer")),
-    "__init__": (("config", "entry"), ()),
+    "records": ((), ()),
+    "config": (("records",), ()),
+    "goodput": (("records",), ()),
+    "upstream": (("records", "config"), ()),
+    "dashboards": (("records", "config"), ()),
+    "jobs": (("records", "config", "upstream", "goodput"), ()),
+    "chaos": (("records", "config", "jobs"), ()),
+    "report": (("records", "config", "goodput", "jobs"), ("dashboards",)),
+    "watch": (("records", "jobs"), ()),
+    "plugins": (("records", "config", "upstream", "jobs"), ()),
+    "runtime": (("records", "config", "upstream", "goodput", "dashboards"), ("jobs.ledger",)),
+    "resilience": (("records", "config", "upstream", "runtime"), ()),
+    "trainer": (("records", "config", "upstream", "dashboards", "runtime", "resilience"), ()),
+    "entry": (("records", "config"), ("upstream", "plugins.submit_check", "trainer")),
+    "recipes": (("records", "config", "upstream", "entry", "plugins"), ("jobs", "chaos", "report")),
+    "__main__": (("records", "config"), ("recipes", "trainer")),
+    "__init__": (("records", "config", "entry"), ()),
 }
 HEAVY = ("torch", "megatron")
-STDLIB_ONLY = ("config", "goodput")
+STDLIB_ONLY = ("records", "config", "goodput")
 NEVER = {"jobs": ("torch", "megatron", "nemo_run")}  # not even inside a function
-NOT_AT_MODULE_LEVEL = {room: HEAVY for room in ("jobs", "config", "goodput", "dashboards", "upstream", "plugins",
-                                                "recipes", "entry", "chaos", "report", "watch", "__main__",
-                                                "__init__")}
+NOT_AT_MODULE_LEVEL = {room: HEAVY for room in ("records", "jobs", "config", "goodput", "dashboards", "upstream",
+                                                "plugins", "recipes", "entry", "chaos", "report", "watch",
+                                                "__main__", "__init__")}
 NOT_AT_MODULE_LEVEL.update({room: HEAVY + ("nemo_run",) for room in ("plugins", "recipes")})  # import_nemo_run()
 
 

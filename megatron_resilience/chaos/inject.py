@@ -16,6 +16,7 @@ from typing import Any
 
 from megatron_resilience.chaos.faults import FaultKind
 from megatron_resilience.jobs import slurm
+from megatron_resilience.records.names import METRICS_FILE
 
 NAN_TRIGGER = "chaos_nan.json"  # in the run directory; read by the trainer with rerun.accept_chaos_nan=true
 HELPER_ENV = "MEGATRON_RESILIENCE_CHAOS_HELPER"
@@ -92,7 +93,7 @@ def in_job_restart(run_dir: str) -> int:
     """The launcher's restart count of the trainer running now (its newest ``start`` record)."""
     from megatron_resilience.jobs.evidence import read_metrics
 
-    starts = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if r.get("kind") == "start"]
+    starts = [r for r in read_metrics(os.path.join(run_dir, METRICS_FILE)) if r.get("kind") == "start"]
     attempt = (starts[-1].get("attempt") or {}) if starts else {}
     return int(attempt.get("in_job_restart") or 0) if isinstance(attempt, dict) else 0
 

@@ -31,8 +31,9 @@ from typing import Any, Callable
 from megatron_resilience.chaos import inject as actions
 from megatron_resilience.chaos.faults import fault
 from megatron_resilience.chaos.mix import Mix, load_mix
-from megatron_resilience.jobs.ledger import CHAOS_LEDGER_FILE, LEDGER_FILE, Ledger
+from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.watcher import current_job
+from megatron_resilience.records.names import CHAOS_LEDGER_FILE, LEDGER_FILE, METRICS_FILE
 
 CLOCKS = ("training", "allocation")
 
@@ -105,7 +106,7 @@ def plan(mix: Mix, *, seed: int, mtbf: float, count: int) -> list[Planned]:
 
 def last_record_time(run_dir: str, kind: str = "train", chunk: int = 1 << 16) -> float | None:
     """The time of the newest ``kind`` record of the run's metrics.jsonl (read from the end)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = os.path.join(run_dir, METRICS_FILE)
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)

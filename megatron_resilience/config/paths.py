@@ -19,6 +19,7 @@ import tempfile
 from typing import Any, Iterable
 
 from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.records.names import TRACKER_FILE
 
 PROBE_PREFIX = ".megatron_resilience_probe_"
 
@@ -63,7 +64,7 @@ def check_existing_file(key: str, path: Any) -> None:
 
 
 CHECKPOINT_DIR = re.compile(r"^iter_\d{7}$")
-TRACKER = "latest_checkpointed_iteration.txt"
+TRACKER = TRACKER_FILE
 
 
 def check_holds_checkpoint(path: str) -> None:

@@ -9,26 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_resilience.records.jsonl import read_jsonl  # noqa: E402,F401 (read from here too)
+
 MIN_FAILURES = 3  # interruptions seen before a run's own M replaces the user's estimate
-
-
-def read_jsonl(path: str | None) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (metrics, ledger), skipping a torn line; [] when there is none."""
-    import json
-    import os
-
-    if not path or not os.path.exists(path):
-        return []
-    out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
 
 
 def save_blocking(rec: dict[str, Any]) -> float | None:

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_resilience.goodput.history import read_jsonl
 from megatron_resilience.jobs import taxonomy
 from megatron_resilience.jobs.launcher_log import (  # noqa: F401 (LAUNCHER_PREFIX, split_cycles: read from here)
     LAUNCHER_PREFIX,
@@ -36,6 +35,8 @@ from megatron_resilience.jobs.launcher_log import (  # noqa: F401 (LAUNCHER_PREF
     stamp_time,
 )
 from megatron_resilience.jobs.monitors import Monitor, Signal, scan
+from megatron_resilience.records.jsonl import read_json, read_jsonl  # noqa: F401 (read_json: read from here too)
+from megatron_resilience.records.names import TRACKER_FILE
 
 CYCLE_TAG = re.compile(r"\[Cycle (\d+)\]")  # ft_launcher's rank monitor names the cycle (nvidia-resiliency-ext 0.7)
 
@@ -171,17 +172,6 @@ def iso_time(text: str | None) -> float | None:
 # --- the trainer's files ---------------------------------------------------------------------------------------
 
 
-def read_json(path: str | None) -> dict[str, Any] | None:
-    if not path or not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def read_metrics(path: str | None) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
@@ -215,7 +205,7 @@ def tracker_step(checkpoint_dir: str | None) -> int | None:
     if not checkpoint_dir:
         return None
     try:
-        with open(os.path.join(checkpoint_dir, "latest_checkpointed_iteration.txt"), encoding="utf-8") as f:
+        with open(os.path.join(checkpoint_dir, TRACKER_FILE), encoding="utf-8") as f:
             text = f.read().strip()
         return int(text) if text.isdigit() else None
     except OSError:

@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 
 from megatron_resilience.jobs import evidence as ev
+from megatron_resilience.records.names import TRACKER_FILE
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
 # The trainers' own last words when their loop ran to the end (not printed on a signal/duration exit).
 END_OF_TRAINING = (
     ("Megatron-LM / Megatron-Bridge", re.compile(r"\[?after training is done\]?")),

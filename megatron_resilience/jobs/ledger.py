@@ -30,8 +30,9 @@ import time
 import uuid
 from typing import Any
 
-LEDGER_FILE = "job_ledger.jsonl"
-CHAOS_LEDGER_FILE = "chaos_ledger.jsonl"  # the faults ``python -m megatron_resilience.chaos`` injected into the run
+from megatron_resilience.records.jsonl import read_jsonl
+from megatron_resilience.records.names import CHAOS_LEDGER_FILE, LEDGER_FILE  # noqa: F401 (read from here too)
+
 VERSION = 1
 
 
@@ -61,18 +62,7 @@ class Ledger:
         return record
 
     def records(self, kind: str | None = None) -> list[dict[str, Any]]:
-        if not os.path.exists(self.path):
-            return []
-        out = []
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a torn line (writer killed mid-write on a filesystem without O_APPEND atomicity)
-                if isinstance(rec, dict) and (kind is None or rec.get("kind") == kind):
-                    out.append(rec)
-        return out
+        return read_jsonl(self.path, kind)  # a torn line (writer killed mid-write) is skipped
 
     def attempts(self) -> list[dict[str, Any]]:
         return self.records("attempt")

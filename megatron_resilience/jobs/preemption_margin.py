@@ -15,6 +15,7 @@ from typing import Any
 
 from megatron_resilience.config.slurm_signal import parse_slurm_signal
 from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.records.names import METRICS_FILE
 
 SAVED = ("saved", "already saved", "not needed")
 
@@ -82,7 +83,7 @@ def preempt_time_warning(preempt_time: int, run_dir: str, *, key: str = "Preempt
     needed = needed_seconds(Ledger(os.path.join(run_dir, LEDGER_FILE)).attempts())
     what = "this run's ledger measured {:.0f} s from the signal to the exit (a step, the save, the launcher's shutdown)"
     if needed is None:
-        needed = estimate_from_metrics(read_metrics(os.path.join(run_dir, "metrics.jsonl")))
+        needed = estimate_from_metrics(read_metrics(os.path.join(run_dir, METRICS_FILE)))
         what = "this run's slowest step plus its slowest save took {:.0f} s (the launcher's shutdown comes on top)"
     if needed is None or preempt_time >= needed:
         return None

@@ -19,6 +19,7 @@ from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE
+from megatron_resilience.records.names import METRICS_FILE
 from megatron_resilience.report import run_report as report
 from megatron_resilience.report import scalars as report_scalars
 from megatron_resilience.report import throughput as attempt_throughput
@@ -29,7 +30,7 @@ PROG = "python -m megatron_resilience.report"
 OPTIONAL = {"timeline": ("matplotlib", "pip install matplotlib", "--png none leaves it out"),
             "goodput/badput TensorBoard scalars": ("tensorboard", "pip install 'megatron-resilience[tensorboard]'",
                                                    "--no-tensorboard leaves them out")}
-RUN_FILES = ("metrics.jsonl", LEDGER_FILE)  # what makes a folder a run: the trainer's or the batch script's record
+RUN_FILES = (METRICS_FILE, LEDGER_FILE)  # what makes a folder a run: the trainer's or the batch script's record
 
 
 def is_run_dir(path: str) -> bool:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_tensorboard:
         try:
             events = report_scalars.write(args.run_dir, as_dict, read_metrics(os.path.join(args.run_dir,
-                                                                                            "metrics.jsonl")))
+                                                                                            METRICS_FILE)))
         except ImportError as err:
             print(skipped("goodput/badput TensorBoard scalars", err), file=sys.stderr)
         else:

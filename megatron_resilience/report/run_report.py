@@ -30,6 +30,7 @@ from megatron_resilience.goodput.accounting import BUCKETS, QUEUE, Accounting, A
 from megatron_resilience.goodput.optimum import Optimum, format_optimum, measure
 from megatron_resilience.jobs.evidence import read_json, read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.records.names import METRICS_FILE, STOP_REASON_FILE
 from megatron_resilience.report import injected as injected_faults
 from megatron_resilience.report import inputs
 from megatron_resilience.report.node_history import format_node_table
@@ -77,7 +78,7 @@ class RunReport:
 
 def build(run_dir: str, *, slurm_lookup: bool = True, now: float | None = None) -> RunReport:
     ledger = Ledger(os.path.join(run_dir, LEDGER_FILE))
-    records = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    records = read_metrics(os.path.join(run_dir, METRICS_FILE))
     attempts = ledger.attempts()
     if attempts or ledger.records("attempt_start"):
         windows, runs = inputs.ledger_windows(ledger, records, slurm_lookup=slurm_lookup, now=now)
@@ -92,7 +93,7 @@ def build(run_dir: str, *, slurm_lookup: bool = True, now: float | None = None) 
         faults = inputs.injections(run_dir)
     acc = account(windows, records, faults)
     final = ledger.final()
-    stop = read_json(os.path.join(run_dir, "stop_reason.json")) or {}
+    stop = read_json(os.path.join(run_dir, STOP_REASON_FILE)) or {}
     if final:
         text = final.get("message") or final.get("outcome", "")
     elif not attempts:
@@ -167,7 +168,7 @@ def _local_rows(run_dir: str, records: list[dict[str, Any]], w: AttemptWindow) -
 
     windows = train_windows(records)
     starts = [r for r in records if r.get("kind") == "start"]
-    stop = read_json(os.path.join(run_dir, "stop_reason.json")) or {}
+    stop = read_json(os.path.join(run_dir, STOP_REASON_FILE)) or {}
     ends = [r for r in records if r.get("kind") == "end"]
     stats = _cycle_stats(records, w)
     rows = []

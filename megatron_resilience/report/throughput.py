@@ -15,6 +15,7 @@ from typing import Any
 
 from megatron_resilience.jobs.evidence import read_metrics
 from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.records.names import METRICS_FILE
 
 
 def rows(records: list[dict[str, Any]], attempts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -63,7 +64,7 @@ def section(run_dir: str) -> str:
     """The report's throughput section for ``run_dir`` (empty when the trainer logged no start)."""
     path = os.path.join(run_dir, LEDGER_FILE)
     attempts = Ledger(path).attempts() if os.path.exists(path) else []
-    table = rows(read_metrics(os.path.join(run_dir, "metrics.jsonl")), attempts)
+    table = rows(read_metrics(os.path.join(run_dir, METRICS_FILE)), attempts)
     return format_rows(table) if table else ""
 
 

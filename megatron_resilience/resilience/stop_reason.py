@@ -18,8 +18,7 @@ import os
 import time
 from typing import Any
 
-STOP_REASON_FILE = "stop_reason.json"
-METRICS_FILE = "metrics.jsonl"  # runtime/metrics.py's file (rank 0 appends JSON lines)
+from megatron_resilience.records.names import METRICS_FILE, STOP_REASON_FILE
 
 
 def write_stop_reason(run_dir: str, record: dict[str, Any]) -> str:

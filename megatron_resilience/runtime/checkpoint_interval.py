@@ -28,12 +28,11 @@ from typing import Any
 
 from megatron_resilience.config import CheckpointConfig
 from megatron_resilience.goodput import daly, history
+from megatron_resilience.records.names import LEDGER_FILE, METRICS_FILE
 from megatron_resilience.runtime import collectives
 
 log = logging.getLogger(__name__)
 
-LEDGER_FILE = "job_ledger.jsonl"  # megatron_resilience.jobs.ledger.LEDGER_FILE (not imported: another room)
-METRICS_FILE = "metrics.jsonl"
 KEEP = 20  # recent measurements per quantity
 
 

@@ -28,16 +28,13 @@ import re
 import shutil
 import tempfile
 
+from megatron_resilience.records.names import ITER_DIR, TRACKER_FILE, iter_dir_name  # noqa: F401 (read from here)
+
 log = logging.getLogger(__name__)
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
 TMP_SUFFIX = ".tmp"
-_ITER_RE = re.compile(r"^iter_(\d{7,})$")
+_ITER_RE = ITER_DIR
 _TMP_RE = re.compile(r"^iter_\d{7,}\.(tmp|old)(\..*)?$")
-
-
-def iter_dir_name(step: int) -> str:
-    return f"iter_{step:07d}"
 
 
 def fsync_dir(path: str) -> None:

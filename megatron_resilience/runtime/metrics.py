@@ -52,11 +52,12 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from megatron_resilience.records.jsonl import read_jsonl
+from megatron_resilience.records.names import METRICS_FILE
 from megatron_resilience.runtime.run_history import _since_last_start, highest_logged_step, history_fields
 
 log = logging.getLogger("megatron_resilience.metrics")
 
-METRICS_FILE = "metrics.jsonl"
 
 
 INPROCESS_RESTART_ENV = "MEGATRON_RESILIENCE_INPROCESS_RESTART"  # set per call by resilience/inprocess.py
@@ -186,11 +187,7 @@ def read_metrics(run_dir: str, kind: str | None = "train", *, last_per_step: boo
     With ``last_per_step`` (and a kind), a step logged twice (re-run after a
     restart) keeps its last record, and the result is sorted by step.
     """
-    path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = read_jsonl(os.path.join(run_dir, METRICS_FILE))  # a torn last line (rank 0 killed) is skipped
     if kind is None:
         return records
     records = [r for r in records if r.get("kind") == kind]

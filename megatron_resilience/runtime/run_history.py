@@ -24,6 +24,8 @@ import json
 import os
 from typing import Any, Mapping
 
+from megatron_resilience.records.names import LEDGER_FILE
+
 TOTALS = ("in_job_restarts", "inprocess_restarts", "requeues", "recomputed_steps", "preemption_stops", "rerun_exits")
 _WANTED = (b'"kind": "start"', b'"kind": "signal"', b'"kind": "end"', b'"kind": "inprocess_restart"',
            b'"kind": "train"')
@@ -86,7 +88,7 @@ def requeue_cause(run_dir: str) -> str | None:
     script's EXIT trap writes one ``attempt`` record per attempt), or None without a ledger."""
     from megatron_resilience.jobs.ledger import Ledger
 
-    attempts = Ledger.in_run_dir(run_dir).attempts() if os.path.exists(os.path.join(run_dir, "job_ledger.jsonl")) \
+    attempts = Ledger.in_run_dir(run_dir).attempts() if os.path.exists(os.path.join(run_dir, LEDGER_FILE)) \
         else []
     cls = (attempts[-1].get("classification") or {}) if attempts else {}
     if not cls.get("error_type"):
