@@ -153,7 +153,7 @@ def compare_losses(mine: dict[int, float], ref: dict[int, float], steps: int) ->
 
 
 def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: int | None, clusters: dict) -> dict:
-    from megatron_resilience.jobs.ledger import Ledger
+    from megatron_resilience.records.ledger import Ledger
     from megatron_resilience.report.run_report import build as build_report
     from megatron_resilience.report.run_report import format_report
     from megatron_resilience.report.timeline import write_timeline

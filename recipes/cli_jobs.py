@@ -154,7 +154,7 @@ def watch(run: str, interval: float = 30.0, once: bool = False, job_id: str = ""
           monitors: str = "") -> int:
     """Watch the run's Slurm jobs for what they cannot see about themselves (node failure, lost batch host, ...);
     ``policy``/``monitors``: decide with these files (this package's schema or the log-monitoring tool's)."""
-    from megatron_resilience.jobs.watch_cli import main
+    from megatron_resilience.watch.cli import main
 
     given = {"job_id": job_id, "config": config, "policy": policy, "monitors": monitors}
     values = {"interval": interval, "once": once, **{k: v for k, v in given.items() if v}}

@@ -12,7 +12,7 @@ from megatron_resilience.jobs import preemption_margin
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()

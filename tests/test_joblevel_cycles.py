@@ -23,7 +23,7 @@ from nvrx_releases import probe
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 
 CORPUS = os.path.join(os.path.dirname(__file__), "joblevel_corpus")
 

@@ -30,7 +30,7 @@ from resilience_support.goodput_records import T0, save, start, steps, write_jso
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.report import run_report as report
 from megatron_resilience.report.injected import format_injected
 

@@ -27,7 +27,7 @@ from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.jobs.monitors import load_monitors
 from megatron_resilience.jobs.policies import load_policy
-from megatron_resilience.jobs.watch_cli import main as watch_main
+from megatron_resilience.watch.cli import main as watch_main
 
 HERE = os.path.join(os.path.dirname(__file__), "joblevel_foreign")
 PAIRS = {  # foreign (policy, monitors) -> the native equivalent
@@ -80,7 +80,7 @@ def watched(cfg: JobLevelConfig, tmp_path, *args: str) -> tuple[JobLevelConfig, 
     config = tmp_path / "gpt_job_level.json"
     config.write_text(cfg.to_json())
     used: list[JobLevelConfig] = []
-    with mock.patch("megatron_resilience.jobs.watch_cli.watch", lambda c, **_: used.append(c) or 0):
+    with mock.patch("megatron_resilience.watch.cli.watch", lambda c, **_: used.append(c) or 0):
         code = watch_main(["--config", str(config), "--job-id", "1", "--once", *args])
     return (used[0] if used else None), code
 
@@ -343,7 +343,7 @@ def test_cli_rejects_a_rule_that_can_never_fire_or_requeue(tmp_path, kind):
 @pytest.mark.parametrize("kind", sorted(REJECTED))
 def test_watcher_rejects_a_rule_that_can_never_fire_or_requeue(tmp_path, kind, capsys):
     """``python -m megatron_resilience.watch ... --policy FILE`` (its main, in this process)."""
-    from megatron_resilience.jobs.watch_cli import main
+    from megatron_resilience.watch.cli import main
 
     text, message = REJECTED[kind]
     file = tmp_path / "p.yaml"

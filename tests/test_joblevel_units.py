@@ -16,9 +16,9 @@ from joblevel_chain import cls
 from megatron_resilience.config import ConfigError, FaultToleranceConfig
 from megatron_resilience.jobs.classifier import AttemptEvidence, classify
 from megatron_resilience.jobs.decision import decide_like_nemo_run
-from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.monitors import load_monitors, scan
 from megatron_resilience.jobs.policies import load_policy, preset_names
+from megatron_resilience.records.ledger import Ledger
 
 # --- bad policy and monitor files are rejected with the file, the key and the allowed values --------------------
 

@@ -20,8 +20,8 @@ import time
 import pytest
 
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
-from megatron_resilience.jobs.ledger import Ledger
-from megatron_resilience.jobs.watcher import Watcher, WatcherBusy
+from megatron_resilience.records.ledger import Ledger
+from megatron_resilience.watch.watcher import Watcher, WatcherBusy
 
 STUB = r'''#!PYTHON
 import json, os, sys
@@ -248,7 +248,7 @@ def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(
     """Issue 23: ``watch RUN_DIR --job-id ID`` on a pending job waits (saying why), then follows the chain."""
     import threading
 
-    from megatron_resilience.jobs.watch_cli import main
+    from megatron_resilience.watch.cli import main
 
     cfg, ledger, set_state, calls = fake
     os.remove(ledger.path)  # nothing has started yet: no ledger, no job-level config
@@ -282,7 +282,7 @@ def test_a_watcher_started_while_the_job_is_pending_waits_for_its_first_attempt(
 
 
 def test_a_watcher_for_a_job_cancelled_while_pending_gives_up(fake, capsys):
-    from megatron_resilience.jobs.watch_cli import main
+    from megatron_resilience.watch.cli import main
 
     cfg, ledger, set_state, calls = fake
     os.remove(ledger.path)
@@ -293,7 +293,7 @@ def test_a_watcher_for_a_job_cancelled_while_pending_gives_up(fake, capsys):
 
 def test_a_watcher_for_a_job_slurm_never_knew_gives_up(fake, capsys):
     """A mistyped job id: neither scontrol nor sacct knows it; the watcher stops after UNKNOWN_POLLS polls."""
-    from megatron_resilience.jobs.watch_cli import UNKNOWN_POLLS, main
+    from megatron_resilience.watch.cli import UNKNOWN_POLLS, main
 
     cfg, ledger, set_state, calls = fake
     os.remove(ledger.path)

@@ -132,7 +132,7 @@ def run_attempts(job: dict, plan: str, *, python: str = sys.executable, nodes: s
 
 
 def ledger(job: dict, kind: str | None = None) -> list[dict]:
-    from megatron_resilience.jobs.ledger import Ledger
+    from megatron_resilience.records.ledger import Ledger
 
     return Ledger(os.path.join(job["run_dir"], "job_ledger.jsonl")).records(kind)
 

@@ -17,7 +17,7 @@ from dashboards_support import read_tensorboard
 
 from megatron_resilience.dashboards import DashboardSink
 from megatron_resilience.dashboards.tensorboard import EventWriter
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.report.cli import main as report_main
 from megatron_resilience.report.cli import skipped
 from megatron_resilience.runtime.metrics import MetricsLogger
@@ -170,7 +170,7 @@ def test_nemo_watch_takes_interval_and_once_in_both_forms(runs, monkeypatch):
     """What reaches the watcher: the argv ``watch_argv`` hands to ``python -m megatron_resilience.watch``'s main,
     and the interval and once that main's own parser then gives the watcher's wait loop (the job is pending:
     no job-level config yet; the loop is replaced, so no Slurm is asked)."""
-    from megatron_resilience.jobs import watch_cli
+    from megatron_resilience.watch import cli as watch_cli
 
     run, seen = str(runs / "a"), []
     real_main = watch_cli.main

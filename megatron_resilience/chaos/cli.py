@@ -13,8 +13,7 @@ from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.chaos.mix import load_mix, preset_names
 from megatron_resilience.chaos.runner import CLOCKS, Chaos, ChaosConfig, plan
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
-from megatron_resilience.jobs.watcher import current_job
+from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
 
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(f"megatron_resilience chaos: {err}", file=sys.stderr)
         return 2
-    if not args.plan and args.job_id is None and current_job(Ledger.in_run_dir(cfg.run_dir)) is None:
+    if not args.plan and args.job_id is None and Ledger.in_run_dir(cfg.run_dir).current_job() is None:
         print(f"megatron_resilience chaos: run_dir: must be the run directory of a Slurm job, got {args.run_dir!r} "
               f"({os.path.join(args.run_dir, LEDGER_FILE)} names no job: the job has not started, or the run is not "
               "a Slurm job); chaos injects into a job's allocation: give --job-id JOB for a job that is still "

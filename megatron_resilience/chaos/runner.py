@@ -31,8 +31,7 @@ from typing import Any, Callable
 from megatron_resilience.chaos import inject as actions
 from megatron_resilience.chaos.faults import fault
 from megatron_resilience.chaos.mix import Mix, load_mix
-from megatron_resilience.jobs.ledger import Ledger
-from megatron_resilience.jobs.watcher import current_job
+from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.records.names import CHAOS_LEDGER_FILE, LEDGER_FILE, METRICS_FILE
 
 CLOCKS = ("training", "allocation")
@@ -149,7 +148,7 @@ class Chaos:
         return self.run_ledger.final() is not None
 
     def job(self) -> str | None:
-        return current_job(self.run_ledger, self.cfg.job_id)
+        return self.run_ledger.current_job(self.cfg.job_id)
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -2,7 +2,7 @@
 
 Used by the trainer's ``checkpoint.interval_policy=young_daly`` (rank 0, at every restart) and by the
 report (:mod:`megatron_resilience.goodput.optimum`). Inputs are the records of ``metrics.jsonl`` (kinds in
-``runtime/metrics.py``) and, when the run has one, ``job_ledger.jsonl`` (``jobs/ledger.py``).
+``runtime/metrics.py``) and, when the run has one, ``job_ledger.jsonl`` (``records/ledger.py``).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.decision`   the policy's decision (or nemo_run's rule) with budgets, progress and node exclusion;
 - :mod:`.evidence`   reading an attempt's logs, metrics, cycle-info files;
 - :mod:`.attempts`   classify + decide + the ledger record of one ended attempt;
-- :mod:`.ledger`     the run's JSON-lines ledger, write-ahead records around every Slurm command;
 - :mod:`.jobconfig`  the job-level config the plugins render into the sbatch script;
-- :mod:`.batch_exit` the batch script's EXIT trap; :mod:`.watcher` what the job cannot see about itself;
+- :mod:`.batch_exit` the batch script's EXIT trap (the watcher, :mod:`megatron_resilience.watch`, takes the same
+  decision from outside the job);
 - :mod:`.node_exclusion` which nodes a requeue avoids; :mod:`.shared_node_history` attributions shared by runs.
 
 What a run cost is :mod:`megatron_resilience.goodput`'s; what happened, as a report,

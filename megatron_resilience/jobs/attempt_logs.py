@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 
 BATCH_LOG = re.compile(r"sbatch_.*_(\d+)\.out$")
 

@@ -24,7 +24,7 @@ from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 
 
 @dataclass

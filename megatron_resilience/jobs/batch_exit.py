@@ -22,7 +22,7 @@ import sys
 from megatron_resilience.jobs import node_range, slurm
 from megatron_resilience.jobs.attempts import end_attempt
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 
 PREFIX = "megatron_resilience:"
 

@@ -78,7 +78,7 @@ def preempt_time_warning(preempt_time: int, run_dir: str, *, key: str = "Preempt
     import os
 
     from megatron_resilience.jobs.evidence import read_metrics
-    from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+    from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
 
     needed = needed_seconds(Ledger(os.path.join(run_dir, LEDGER_FILE)).attempts())
     what = "this run's ledger measured {:.0f} s from the signal to the exit (a step, the save, the launcher's shutdown)"

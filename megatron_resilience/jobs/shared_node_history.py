@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.jobs.node_exclusion import EXCLUSION_LOOKBACK_S, Cluster, blames
+from megatron_resilience.records.ledger import Ledger
 
 FILE = "node_blames.jsonl"
 

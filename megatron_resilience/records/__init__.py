@@ -7,5 +7,6 @@ said here once, and :func:`~megatron_resilience.records.jsonl.read_jsonl` is the
 JSON-lines file (a torn last line, written by a process killed mid-write, is skipped, never an error).
 
 - :mod:`.names` file names and the checkpoint folder's layout;
-- :mod:`.jsonl` reading a JSON-lines file (all of it, or its tail) and a JSON file.
+- :mod:`.jsonl` reading a JSON-lines file and a JSON file; :mod:`.ledger` the run's ledger of Slurm attempts (appended
+  atomically, write-ahead records around every Slurm command).
 """

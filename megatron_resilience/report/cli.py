@@ -18,7 +18,7 @@ from megatron_resilience.config.paths import check_writable_dir
 from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
-from megatron_resilience.jobs.ledger import LEDGER_FILE
+from megatron_resilience.records.ledger import LEDGER_FILE
 from megatron_resilience.records.names import METRICS_FILE
 from megatron_resilience.report import run_report as report
 from megatron_resilience.report import scalars as report_scalars

@@ -20,8 +20,8 @@ from typing import Any
 from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
 from megatron_resilience.jobs.evidence import read_tail
 from megatron_resilience.jobs.launcher_log import detection_time
-from megatron_resilience.jobs.ledger import CHAOS_LEDGER_FILE, Ledger
 from megatron_resilience.jobs.slurm import parse_slurm_time
+from megatron_resilience.records.ledger import CHAOS_LEDGER_FILE, Ledger
 
 
 def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, Any]]:

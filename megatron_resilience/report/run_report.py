@@ -29,7 +29,7 @@ from typing import Any
 from megatron_resilience.goodput.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
 from megatron_resilience.goodput.optimum import Optimum, format_optimum, measure
 from megatron_resilience.jobs.evidence import read_json, read_metrics
-from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.records.names import METRICS_FILE, STOP_REASON_FILE
 from megatron_resilience.report import injected as injected_faults
 from megatron_resilience.report import inputs

@@ -14,7 +14,7 @@ import statistics
 from typing import Any
 
 from megatron_resilience.jobs.evidence import read_metrics
-from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.records.names import METRICS_FILE
 
 

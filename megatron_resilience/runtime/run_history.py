@@ -86,7 +86,7 @@ def restart_kind(previous: dict | None, attempt: Mapping[str, Any]) -> str:
 def requeue_cause(run_dir: str) -> str | None:
     """Why the previous Slurm attempt ended, as the job-level classifier put it in the run's ledger (its batch
     script's EXIT trap writes one ``attempt`` record per attempt), or None without a ledger."""
-    from megatron_resilience.jobs.ledger import Ledger
+    from megatron_resilience.records.ledger import Ledger
 
     attempts = Ledger.in_run_dir(run_dir).attempts() if os.path.exists(os.path.join(run_dir, LEDGER_FILE)) \
         else []

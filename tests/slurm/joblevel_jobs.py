@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from megatron_resilience.jobs.ledger import Ledger
 from megatron_resilience.recipes import RECIPES
+from megatron_resilience.records.ledger import Ledger
 from slurm.jobs import Job
 
 STEPS = 60

@@ -33,7 +33,7 @@ import sys
 from loadgen import saturated
 from resilience_support.agents import free_port
 
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import use_cluster, wait_for_job
 from slurm.jobs import scancel_signal, submit, wait_until, waiting_rank

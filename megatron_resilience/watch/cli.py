@@ -22,9 +22,9 @@ from dataclasses import replace
 from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.jobs import slurm
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve, watcher_settings
-from megatron_resilience.jobs.ledger import LEDGER_FILE, Ledger
 from megatron_resilience.jobs.policies import load_policy
-from megatron_resilience.jobs.watcher import log, watch
+from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
+from megatron_resilience.watch.watcher import log, watch
 
 # Polls in a row on which Slurm does not know the job before the watcher stops waiting for its first attempt.
 UNKNOWN_POLLS = 10

@@ -64,6 +64,16 @@ class Ledger:
     def records(self, kind: str | None = None) -> list[dict[str, Any]]:
         return read_jsonl(self.path, kind)  # a torn line (writer killed mid-write) is skipped
 
+    def current_job(self, default: str | None = None) -> str | None:
+        """The run's current Slurm job: the newest attempt's, or the watcher's newest resubmission."""
+        job = default
+        for rec in self.records():
+            if rec.get("kind") == "attempt_start":
+                job = str(rec.get("job_id"))
+            elif rec.get("kind") == "outcome" and rec.get("action") == "sbatch" and rec.get("new_job_id"):
+                job = str(rec["new_job_id"])
+        return job
+
     def attempts(self) -> list[dict[str, Any]]:
         return self.records("attempt")
 

@@ -38,7 +38,7 @@ from megatron_resilience.jobs import node_range, slurm
 from megatron_resilience.jobs.attempts import Ending, attempt_start, end_attempt
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
-from megatron_resilience.jobs.ledger import Ledger
+from megatron_resilience.records.ledger import Ledger
 
 LOCK_FILE = ".job_level_watch.lock"
 RESUBMISSION_ENV = "MEGATRON_RESILIENCE_RESUBMISSION"
@@ -81,7 +81,7 @@ class Watcher:
         return names[-1] if names else None
 
     def current_job(self) -> str | None:
-        return current_job(self.ledger, self.job_id)
+        return self.ledger.current_job(self.job_id)
 
     def live_jobs(self) -> list[dict[str, str]]:
         name = self.job_name()
@@ -334,17 +334,6 @@ class Watcher:
         self.ledger.append({"kind": "outcome", "intent": intent["id"], "action": "sbatch", "ok": ok,
                             "new_job_id": new, "output": out[-2000:], "by": "watcher"})
         log(f"resubmitted as job {new}" if ok else f"sbatch failed: {out}")
-
-
-def current_job(ledger: Ledger, default: str | None = None) -> str | None:
-    """The run's current Slurm job: the newest attempt's, or the watcher's newest resubmission."""
-    job = default
-    for rec in ledger.records():
-        if rec.get("kind") == "attempt_start":
-            job = str(rec.get("job_id"))
-        elif rec.get("kind") == "outcome" and rec.get("action") == "sbatch" and rec.get("new_job_id"):
-            job = str(rec["new_job_id"])
-    return job
 
 
 def _exit_code(text: Any) -> int | None:

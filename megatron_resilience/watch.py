@@ -1,8 +1,0 @@
-"""``python -m megatron_resilience.watch RUN_DIR``: watch a run's chain of Slurm attempts (see jobs/watcher.py)."""
-
-import sys
-
-from megatron_resilience.jobs.watch_cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
