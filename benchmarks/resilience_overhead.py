@@ -49,7 +49,8 @@ def worker(run_dir: str, blocks: int, block_steps: int, device: str, shape: str,
 
     from megatron_resilience import trainer
     from megatron_resilience.config.overrides import config_from_overrides
-    from megatron_resilience.resilience import _dist, build_hooks
+    from megatron_resilience.resilience import build_hooks
+    from megatron_resilience.runtime import collectives as _dist
     from megatron_resilience.runtime import loop
 
     config = config_from_overrides([

@@ -180,3 +180,33 @@ def test_a_long_run_on_a_pool_with_a_lemon_excludes_the_lemon_and_never_strands_
     assert [d.exclude_applied for d in decisions[:4]] == [[], [], [], ["n6"]]
     assert {n for d in decisions for n in d.exclude_applied} == {"n6"}
     assert all(len([n for n in POOL if n not in d.exclude_applied]) >= 4 for d in decisions)
+
+
+def test_a_requeue_that_spends_nothing_still_lifts_a_drain_and_a_resized_job_grows_back_onto_the_node():
+    """The elastic chain on Slurm: a node failure (the node DOWN: excluded), then a preemption to grow back once the
+    node returns. The preemption's decision lifts the exclusion, and the node count counts the node again."""
+    from types import SimpleNamespace
+
+    from megatron_resilience.jobs import node_range
+
+    decisions = chain("megatron_transient", [
+        ("node_fail", {"nodes": ["n1", "n2"], "cluster": view(n2="down"), **progress(0)}),
+        ("preempted", {"nodes": ["n1"], "cluster": view(), **progress(1)}),
+    ])
+    assert (decisions[0].exclude_applied, decisions[0].exclude_scheduler) == (["n2"], {"n2": "down"})
+    assert (decisions[1].action, decisions[1].spent, decisions[1].exclude_applied, decisions[1].exclude_lifted) == \
+        ("requeue", None, [], ["n2"])
+    cfg = SimpleNamespace(min_nodes=1, nodes=2, ntasks_per_node=1)
+    history = [{"nodes": ["n1", "n2"], "end": T0, "decision": decisions[0].to_dict()}]
+    states = {"n1": "allocated", "n2": "idle", "n3": "allocated"}
+    grown = node_range.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, decisions[1], history, partition="p",
+                            states=states)
+    assert (grown["nodes"], grown["was"], grown["available"]) == (2, 1, ["n1", "n2"])
+    still = chain("megatron_transient", [
+        ("node_fail", {"nodes": ["n1", "n2"], "cluster": view(n2="down"), **progress(0)}),
+        ("preempted", {"nodes": ["n1"], "cluster": view(n2="down"), **progress(1)}),
+    ])
+    assert (still[1].exclude_applied, still[1].exclude_lifted) == ([], [])  # unchanged: n2 stays excluded
+    assert node_range.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, still[1],
+                           [{"nodes": ["n1", "n2"], "end": T0, "decision": still[0].to_dict()}], partition="p",
+                           states={**states, "n2": "down"}) is None

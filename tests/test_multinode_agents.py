@@ -67,6 +67,10 @@ def _lost(root, name: str, *, frozen: bool, load_started: threading.Event, nnode
 
     ``nnodes="1:2"``: an elastic node range (issue 25), with the global batch fixed as the plugin fixes it."""
     overrides = BASE + (["train.global_batch_size=8"] if ":" in nnodes else [])
+    if frozen:  # steps of 1 s: the freeze lands between the step-10 and step-20 saves, never inside a save (whose
+        # section timeout is gloo's 10 minutes: seen once under CI load, when the polling saw step 12 late)
+        overrides += ["straggler.enabled=false", "straggler.simulated_straggler_rank=0",
+                      "straggler.simulated_straggler_delay=1.0", "straggler.simulated_straggler_mode=wait"]
     run = launch_two_agents(root / name, overrides, join_timeout=JOIN_TIMEOUT, max_restarts=1,
                             timeouts=FROZEN_TIMEOUTS if frozen else TIMEOUTS, nnodes=nnodes)
     try:

@@ -41,9 +41,14 @@ def test_a_later_attempt_grows_back_once_nodes_return_and_never_onto_excluded_on
     grown = node_range.plan(cfg(), {"nodes": ["mn2"]}, requeue(), [], partition="faults", states=states)
     assert (grown["nodes"], grown["available"]) == (2, ["mn1", "mn2", "mn3"])
     assert grown["reason"].endswith("grows back to 2 of 2")
-    history = [{"decision": {"exclude_applied": ["mn1"]}}]
-    kept = node_range.plan(cfg(nodes=3), {"nodes": ["mn2"]}, requeue(["mn3"]), history, partition="p", states=states)
-    assert kept is None  # mn1 (excluded earlier) and mn3 (excluded now) are idle but not for this job: stays at 1
+    history = [{"decision": {"exclude_requested": ["mn1"], "exclude_applied": ["mn1"]}}]
+    # a decision's exclude_applied is the job's whole list: mn1 (excluded earlier, standing) and mn3 (now)
+    kept = node_range.plan(cfg(nodes=3), {"nodes": ["mn2"]}, requeue(["mn1", "mn3"]), history, partition="p",
+                           states=states)
+    assert kept is None  # mn1 and mn3 are idle but not for this job: stays at 1
+    # a decision that leaves the list as it was: the earlier exclusion still stands
+    assert node_range.plan(cfg(nodes=2), {"nodes": ["mn2"]}, requeue(), history, partition="p",
+                           states={"mn1": "idle", "mn2": "allocated"}) is None
 
 
 def test_nothing_changes_without_a_range_a_requeue_or_a_different_count():

@@ -114,9 +114,9 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         decision = decide_like_nemo_run(cls, history, retries=retries, ft=cfg.ft,
                                         finished_flag=os.path.exists(cfg.finished_flag))
     else:
-        # every failure reads sinfo: a requeue excludes the attempt's nodes the scheduler drained (node_exclusion.py)
-        cluster = cluster_info or (slurm.cluster(partition) if cls.mode is not None
-                                   else Cluster(partition=partition or ""))
+        # sinfo for every decision: a requeue excludes the attempt's nodes the scheduler drained and lifts those it
+        # shows usable again (node_exclusion.py)
+        cluster = cluster_info or slurm.cluster(partition)
         decision = decide(cls, policy, history, record, cluster,
                           finished_flag=os.path.exists(cfg.finished_flag) if cfg.ft else None,
                           shared_blames=shared_blames(cfg, record))

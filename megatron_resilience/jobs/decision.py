@@ -169,9 +169,17 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     that saved and exited on a signal): requeued like a preemption.
     """
     kind = cls.error_type
+    nodes, end = current.get("nodes") or [], current.get("end")
+    now = time.time() if end is None else end
+
+    def free(decision: Decision) -> Decision:
+        """A requeue that spends no budget still drops the attempt's drained nodes and lifts ended exclusions."""
+        _copy(decision, plan([], history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
+        return decision
+
     if kind == "finished" and cls.source == "exit_code" and finished_flag is False:
-        return Decision("requeue", "the job step exited 0 without touching the finished flag (stopped before the "
-                        "end): requeued without spending a retry", budget_left=_left(policy, history))
+        return free(Decision("requeue", "the job step exited 0 without touching the finished flag (stopped before "
+                             "the end): requeued without spending a retry", budget_left=_left(policy, history)))
     if kind == "finished":
         return Decision("stop", "training finished", final=True, outcome="finished")
     if kind == "finished_but_alive":
@@ -180,7 +188,8 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     if kind == "user_cancel":
         return Decision("stop", "cancelled by a person (scancel): never retried", final=True, outcome="cancelled")
     if kind in ("preempted", "system_cancel"):
-        return Decision("requeue", f"{kind}: requeued without spending a retry", budget_left=_left(policy, history))
+        return free(Decision("requeue", f"{kind}: requeued without spending a retry",
+                             budget_left=_left(policy, history)))
     action, why = policy.action_for(kind, cls.subsystem, cls.signal, tuple(cls.monitors))
     mode = cls.mode or "crash"
     left = _left(policy, history, current)
@@ -209,9 +218,6 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     left[mode] -= 1
     decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck,
                         **basis)
-    end = current.get("end")
-    now = time.time() if end is None else end
-    nodes = current.get("nodes") or []
     asked = wanted(policy, action == "requeue_excluding_nodes", cls, history, current, cluster, now, shared_blames)
     _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
     return decision

@@ -24,9 +24,11 @@ with the same global batch (``runtime/reshard.py``); the plugin checked every si
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from megatron_resilience.jobs import slurm
+from megatron_resilience.jobs.node_exclusion import standing
 
 FREE_STATES = ("idle", "mixed")
 
@@ -41,9 +43,10 @@ def plan(cfg: Any, record: dict[str, Any], decision: Any, history: list[dict[str
         return None
     full, least = int(cfg.nodes), int(cfg.min_nodes)
     ran_on = list(record.get("nodes") or [])
-    excluded = set(decision.exclude_applied or [])
-    for earlier in history:
-        excluded |= set((earlier.get("decision") or {}).get("exclude_applied") or [])
+    if decision.exclude_applied or decision.exclude_lifted:  # this decision rewrote the job's ExcNodeList
+        excluded = set(decision.exclude_applied)
+    else:  # the list as the earlier decisions left it (lifted and expired exclusions are gone)
+        excluded = set(standing(history, record.get("end") or time.time())[0])
     if states is None:
         states = slurm.partition_node_states(partition)
     free = {n for n, s in states.items() if slurm.split_state(s)[0] in FREE_STATES and slurm.usable_now(s)}
