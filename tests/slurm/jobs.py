@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_resilience.records.jsonl import read_jsonl
+from megatron_resilience.records.names import METRICS_FILE
 from slurm.cluster import SlurmCluster, attempts, job_info, wait_for_job
 
 _TICK_PROBE = 'trap "exit 0" USR1; while true; do sleep 0.1; done'
@@ -50,11 +52,8 @@ class Job:
         return open(os.path.join(self.job_dir, names[0]), errors="replace").read()
 
     def records(self) -> list[dict[str, Any]]:
-        path = os.path.join(self.run_dir, "metrics.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        # the trainer appends while the test reads: a line not yet whole is skipped (the package's one reader)
+        return read_jsonl(os.path.join(self.run_dir, METRICS_FILE))
 
     def losses(self) -> dict[int, float]:
         """Per-step training loss; a step re-run after a restart keeps its last value."""
