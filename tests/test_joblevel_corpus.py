@@ -93,6 +93,13 @@ CASES = {
         "nvrx_no_restart.log", exit_code=93,
         expect={"error_type": "do_not_restart", "source": "nvrx", "fields": {"reason": "no_progress"}},
         decisions=("stop", "stop", "stop", "stop", "stop")),
+    # ft_launcher's progress tracker gave up on this allocation because a GPU kept falling off the bus: the Xid
+    # decides (a new allocation without the node), not the tracker's verdict (which would end a weeks-long run)
+    "xid_behind_no_progress_93": case(
+        "xid_then_no_progress.log", exit_code=93, nodes=("nid002544", "nid002545"),
+        expect={"error_type": "xid_error", "source": "log", "hosts": ["nid002544"],
+                "fields": {"xid": "79", "launcher_gave_up": "no_progress"}},
+        decisions=("requeue", "x:nid002544", "x:nid002544", "x:nid002544", "requeue")),
     # --- Slurm's record ---------------------------------------------------------------------------------------
     "user_cancel_after_saving": case(  # scancel: SIGTERM reached the trainer, which saved: still a person's stop
         "preempted_saved.log", "user_cancel_batch.log", exit_code=1, stop_reason=SIGNAL, state="CANCELLED",

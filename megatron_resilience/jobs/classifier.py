@@ -3,7 +3,8 @@
 1. the trainer's own record: ``stop_reason.json`` (finished, stopped on a signal with a checkpoint,
    rerun exit 16/17) — a person's ``scancel`` is checked first of all but a finished run, and Slurm's
    NODE_FAIL before "stopped on a signal" (the signal was Slurm ending the job for the failed node);
-2. nvidia-resiliency-ext: its "do not restart" exit code (93 by default) and log line;
+2. nvidia-resiliency-ext: its "do not restart" exit code (93 by default) and log line (when its progress tracker
+   gave up on this allocation, the failure its cycles show decides instead: ``_behind_no_progress``);
 3. Slurm's record: the job state (NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY, CANCELLED);
 4. log signals (monitors): ``fatal`` before ``error`` ones, then the likelier root cause first
    (``taxonomy.ERROR_TYPES`` order: an OOM on one rank explains NCCL timeouts on the others);
@@ -15,6 +16,7 @@ the node Megatron's rerun machine distrusted).
 
 from __future__ import annotations
 
+import dataclasses
 import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,9 @@ from megatron_resilience.jobs.monitors import Signal
 from megatron_resilience.jobs.root_cause import RootCause, first_failure, split_consequences
 
 MAX_EVIDENCE_LINES = 4
+# The reason ft_launcher's "do not restart" line gives when its progress tracker stopped it (nvidia-resiliency-ext
+# 0.7 ``RDZV_SHUTDOWN_REASON_NO_PROGRESS``); the other reason, an attribution STOP, is "attribution_stop".
+NO_PROGRESS = "no_progress"
 
 
 @dataclass
@@ -162,8 +167,9 @@ def classify(evidence: AttemptEvidence) -> Classification:
                                                                               "step": str(stop.get("step"))})
     nvrx = _of(sigs, "do_not_restart")
     if nvrx or (code is not None and code == evidence.no_restart_exit_code):
-        return _make("do_not_restart", "nvrx", f"ft_launcher decided the job must not be restarted "
-                     f"(exit code {code})", signals=nvrx)
+        verdict = _make("do_not_restart", "nvrx", f"ft_launcher decided the job must not be restarted "
+                        f"(exit code {code})", signals=nvrx)
+        return _behind_no_progress(evidence, verdict) if verdict.fields.get("reason") == NO_PROGRESS else verdict
     if state_type is not None:
         return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
                      signals=_of(sigs, state_type), signal=ended_by)
@@ -198,6 +204,28 @@ def classify(evidence: AttemptEvidence) -> Classification:
         return _make("killed", "exit_code", f"killed by {ended_by or 'a signal'} (exit code {code}); no log line "
                      "explains it", signals=_of(sigs, "killed"), signal=ended_by)
     return _make("unknown", "exit_code", f"exit code {code} and no evidence of why", severity="error")
+
+
+def _behind_no_progress(evidence: AttemptEvidence, verdict: Classification) -> Classification:
+    """ft_launcher's progress tracker stopped restarting inside this allocation: its cycles' own failure decides.
+
+    The tracker's verdict (nvidia-resiliency-ext >= 0.6: ``max_no_progress_cycles`` cycles in a row without a newer
+    checkpoint) is about *this allocation*: restarting on the same nodes does not help. A node that keeps failing
+    (an Xid, an ECC error, a lost node) is exactly that case, and a new allocation without the node is the cure;
+    stopping the job there would end a weeks-long run at the first lemon node. So the failure the cycles show is
+    the classification (and the restart policy, its budget of failures without progress and the node exclusion
+    decide, as for any attempt); the tracker's verdict stands only when the log shows no failure of its own
+    (nothing known, or only a kill). An attribution service's STOP is never overridden.
+    """
+    rest = [s for s in evidence.signals if s.error_type != "do_not_restart"]
+    behind = classify(dataclasses.replace(evidence, exit_code=None, signals=rest))
+    if behind.mode is None or behind.error_type in ("unknown", "killed"):
+        return verdict
+    behind.fields["launcher_gave_up"] = NO_PROGRESS
+    behind.reason += "; then ft_launcher stopped restarting in this allocation (no progress across its cycles)"
+    behind.evidence = (behind.evidence + verdict.evidence)[:MAX_EVIDENCE_LINES]
+    behind.monitors = list(dict.fromkeys(behind.monitors + verdict.monitors))
+    return behind
 
 
 def _first_failure(root: RootCause, ended_by: str | None) -> Classification:

@@ -58,7 +58,8 @@ ERROR_TYPES: tuple[ErrorType, ...] = (
     ErrorType("rerun_failed_validation", "crash", "numerics",
               "Megatron's rerun state machine: result failed validation (exit 17); needs a person"),
     ErrorType("do_not_restart", "crash", "launcher",
-              "ft_launcher decided the job must not restart (no progress, attribution STOP; exit 93)"),
+              "ft_launcher decided the job must not restart (exit 93): an attribution STOP, or no progress "
+              "across its cycles with no failure of their own in the log (else that failure is the type)"),
     ErrorType("rerun_resume", "crash", "numerics",
               "Megatron's rerun state machine asks to resume on different hardware (exit 16)", points_at="machine",
               names_its_host=True),
