@@ -48,6 +48,7 @@ from megatron_resilience.plugins import (
     ft_config,
     ft_features,
     ft_trainer,
+    in_job_restarts,
     inprocess_restart,
     job_ports,
     node_range,
@@ -93,7 +94,9 @@ CONTAINER_FT_CFG_DIR = "/megatron_resilience/ft_configs"  # where Docker/SkyPilo
 class FaultTolerancePlugin(run.Plugin):
     """Fault tolerance (nvidia-resiliency-ext's ft_launcher) for any trainer on any NeMo-Run executor.
 
-    The first fields and their defaults are Megatron-Bridge's and NeMo 2.0's. Timeouts are seconds;
+    The first fields and their defaults are Megatron-Bridge's and NeMo 2.0's, but for ``num_in_job_restarts``:
+    None (theirs: 3) picks by release, ``in_job_restarts.py`` says why (3 where ft_launcher cannot tell progress
+    from a loop; where it can, only cycles without a newer checkpoint end the in-job restarts). Timeouts are seconds;
     section timeouts apply with ``mode="sections"``, heartbeat timeouts with ``mode="heartbeats"``; a
     section timeout of None means no limit. ``nvrx_version`` is the nvidia-resiliency-ext release of the
     cluster's container, used to render ft_launcher's settings; None -> the one installed where you submit.
@@ -108,7 +111,7 @@ class FaultTolerancePlugin(run.Plugin):
 
     enable_ft_package: bool = True
     calc_ft_timeouts: bool = True
-    num_in_job_restarts: int = 3
+    num_in_job_restarts: int | None = None
     num_job_retries_on_failure: int = 2
     initial_rank_heartbeat_timeout: float = 1800.0
     rank_heartbeat_timeout: float = 300.0
@@ -155,7 +158,7 @@ class FaultTolerancePlugin(run.Plugin):
         for name in ("enable_ft_package", "calc_ft_timeouts"):
             if not isinstance(getattr(self, name), bool):
                 fail(f"{NAME}.{name}", "must be true or false", getattr(self, name))
-        check_int(f"{NAME}.num_in_job_restarts", self.num_in_job_restarts, minimum=0)
+        check_int(f"{NAME}.num_in_job_restarts", self.num_in_job_restarts, minimum=0, allow_none=True)
         check_int(f"{NAME}.num_job_retries_on_failure", self.num_job_retries_on_failure, minimum=0)
         check_int(f"{NAME}.rdzv_join_timeout", self.rdzv_join_timeout, minimum=1)
         check_int(f"{NAME}.min_nodes", self.min_nodes, minimum=1, allow_none=True)
@@ -205,7 +208,9 @@ class FaultTolerancePlugin(run.Plugin):
         inprocess_restart.check_timeouts(self, mode, inprocess)
         inprocess_restart.check_replication(self, replication, executor, profile)
 
-        executor.launcher = self._launcher(executor.launcher, mode, version, profile)
+        restarts = in_job_restarts.resolve(self.num_in_job_restarts, version, ft_features.progress_iteration_file(
+            self, version, trainer_paths(target)))
+        executor.launcher = self._launcher(executor.launcher, mode, version, profile, restarts)
         check_signal_reaches_trainer(executor, NAME)
         job_ports.install(executor, profile, NAME)
         executor._launcher_setup = False  # nemo_run derives the FT file paths when it sets the launcher up
@@ -238,7 +243,7 @@ class FaultTolerancePlugin(run.Plugin):
                  NAME, ".".join(map(str, version)), source, mode, path)
 
     # ----------------------------------------------------------------------------------------------------------
-    def _wanted_fields(self, mode: str, version: tuple[int, ...], profile: Any) -> dict[str, Any]:
+    def _wanted_fields(self, mode: str, version: tuple[int, ...], profile: Any, restarts: int) -> dict[str, Any]:
         heartbeats = mode == "heartbeats"
         fields = {
             "workload_check_interval": float(self.workload_check_interval),
@@ -246,7 +251,7 @@ class FaultTolerancePlugin(run.Plugin):
             "rank_heartbeat_timeout": float(self.rank_heartbeat_timeout) if heartbeats else None,
             "rank_termination_signal": self.rank_termination_signal,
             "log_level": self.log_level,
-            "max_restarts": self.num_in_job_restarts,
+            "max_restarts": restarts,
         }
         if not heartbeats:
             log.info("%s: mode=sections: heartbeat timeouts are not set (section messages do not reset the "
@@ -260,17 +265,17 @@ class FaultTolerancePlugin(run.Plugin):
                      "go through the FT config file only", NAME, ".".join(map(str, version)))
         if not profile.max_restarts:
             log.info("%s: num_in_job_restarts=%d does not apply on %s: nemo_run drops ft_launcher's --max-restarts "
-                     "there", NAME, self.num_in_job_restarts, profile.name)
+                     "there", NAME, restarts, profile.name)
         return fields
 
-    def _launcher(self, current: Any, mode: str, version: tuple[int, ...], profile: Any) -> Any:
+    def _launcher(self, current: Any, mode: str, version: tuple[int, ...], profile: Any, restarts: int) -> Any:
         from nemo_run.core.execution.launcher import LAUNCHER_MAP, Launcher
 
         if isinstance(current, str):
             if current not in LAUNCHER_MAP:
                 raise ConfigError(f"{NAME}: unknown executor.launcher {current!r}; known: {sorted(LAUNCHER_MAP)}")
             current = LAUNCHER_MAP[current]()
-        wanted = self._wanted_fields(mode, version, profile)
+        wanted = self._wanted_fields(mode, version, profile, restarts)
         carry: dict[str, Any] = {}
         if current is None or type(current) is Launcher:
             log.info("%s: executor.launcher: %s -> ft_launcher (run.FaultTolerance)", NAME,

@@ -247,13 +247,24 @@ def _storage_paths(r: _Renderer, paths: Any, place: JobPlace) -> None:
                      "that could create it)", NAME, paths.checkpoint_save, r.profile.name)
 
 
+def progress_tracked(p: Any, version: tuple[int, ...]) -> bool:
+    """Whether ft_launcher ``version`` stops restarting a worker group that makes no progress (given a file)."""
+    return progress_tracking_default_on(version) and (p.max_no_progress_cycles is None or p.max_no_progress_cycles > 0)
+
+
+def progress_iteration_file(p: Any, version: tuple[int, ...], paths: Any) -> str | None:
+    """The file ft_launcher's progress tracker reads the last checkpoint's iteration from (None: no tracking)."""
+    if not progress_tracked(p, version):
+        return None
+    return p.checkpoint_iteration_file or paths.tracker_file or None
+
+
 def _progress(r: _Renderer, paths: Any) -> None:
     p, version = r.p, r.version
     for name in ("max_no_progress_cycles", "min_progress_iterations"):
         if getattr(p, name) is not None:
             r.put(name, getattr(p, name))
-    tracking = progress_tracking_default_on(version) and (p.max_no_progress_cycles is None or
-                                                          p.max_no_progress_cycles > 0)
+    tracking = progress_tracked(p, version)
     iteration_file = p.checkpoint_iteration_file
     if iteration_file is None and tracking and paths.tracker_file:
         iteration_file = paths.tracker_file
@@ -272,5 +283,5 @@ def _progress(r: _Renderer, paths: Any) -> None:
             f"from the same checkpoint, a cycle without checkpoint progress by design; got {limit}")
 
 
-__all__ = ["CYCLE_INFO_DIR", "CYCLE_LOG_PREFIX", "JobPlace", "LauncherExtras",
-           "no_restart_exit_code", "render", "validate"]
+__all__ = ["CYCLE_INFO_DIR", "CYCLE_LOG_PREFIX", "JobPlace", "LauncherExtras", "no_restart_exit_code",
+           "progress_iteration_file", "progress_tracked", "render", "validate"]

@@ -8,6 +8,8 @@ runs are in ``test_plugins_local_launches.py``.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from megatron_resilience.upstream import import_nemo_run
@@ -161,3 +163,25 @@ def test_megatron_lm_run_gets_its_tracker_file_and_data_directory(tmp_path):
     FaultTolerancePlugin(nvrx_version="0.7", storage_health_check=True).setup(megatron_lm_task(), executor)
     assert "  storage_healthcheck_path: /lustre/runs/gpt/ckpt,/lustre/data\n" in yaml_of(executor)
     assert "  checkpoint_iteration_file: /lustre/runs/gpt/ckpt/latest_checkpointed_iteration.txt\n" in yaml_of(executor)
+
+
+def test_in_job_restart_count_is_chosen_by_release_and_said(caplog):
+    """num_in_job_restarts=None: no count where ft_launcher tracks progress, NeMo's 3 where it cannot; an explicit
+    count is kept. The log line says which and why (a plugin that picks a user's setting says so)."""
+    from megatron_resilience.plugins import in_job_restarts
+
+    tracker = "/lustre/run/ckpt/latest_checkpointed_iteration.txt"
+    with caplog.at_level(logging.INFO, logger="megatron_resilience.plugins"):
+        assert in_job_restarts.resolve(None, (0, 7), tracker) == 1000
+        assert in_job_restarts.resolve(None, (0, 4, 1), None) == 3
+        assert in_job_restarts.resolve(None, (0, 7), None) == 3
+        assert in_job_restarts.resolve(5, (0, 7), tracker) == 5
+    assert [r.getMessage() for r in caplog.records] == [
+        "FaultTolerancePlugin: num_in_job_restarts=None -> 1000: ft_launcher (nvidia-resiliency-ext 0.7) tracks "
+        f"progress in {tracker}, so only cycles without a newer checkpoint end the in-job restarts (and the "
+        "allocation's time limit), not a count",
+        "FaultTolerancePlugin: num_in_job_restarts=None -> 3 (nvidia-resiliency-ext 0.4.1 tracks no progress); after "
+        "the last one the batch script's decision requeues an advancing run with its budget refilled",
+        "FaultTolerancePlugin: num_in_job_restarts=None -> 3 (ft_launcher's progress tracking is off or has no "
+        "checkpoint tracker file to read); after the last one the batch script's decision requeues an advancing run "
+        "with its budget refilled"]

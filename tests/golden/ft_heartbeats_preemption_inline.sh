@@ -172,7 +172,7 @@ echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} X" >> "$JOB_RESULTS_FILE"
 
 # Command 1
 
-srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-initial_rank_heartbeat_timeout 1800.0 --ft-rank_heartbeat_timeout 300.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-id <random> --nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 --no-python /cluster/experiments/gpt/gpt_preview/gpt/scripts/gpt.sh
+srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-initial_rank_heartbeat_timeout 1800.0 --ft-rank_heartbeat_timeout 300.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 1000 --rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-id <random> --nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 --no-python /cluster/experiments/gpt/gpt_preview/gpt/scripts/gpt.sh
 
 exitcode=$?
 

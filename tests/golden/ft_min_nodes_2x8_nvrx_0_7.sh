@@ -202,7 +202,7 @@ echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} X" >> "$JOB_RESULTS_FILE"
 
 # Command 1
 
-srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint $head_node_ip:${MEGATRON_RESILIENCE_JOB_PORT} --rdzv-id <random> --nnodes 2 --nproc-per-node 8 --node-rank $SLURM_NODEID --tee 3 -m nemo_run.core.runners.fdl_runner -n gpt /cluster/experiments/gpt/gpt_preview/gpt/configs/gpt_fn_or_script
+srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 1000 --rdzv-backend c10d --rdzv-endpoint $head_node_ip:${MEGATRON_RESILIENCE_JOB_PORT} --rdzv-id <random> --nnodes 2 --nproc-per-node 8 --node-rank $SLURM_NODEID --tee 3 -m nemo_run.core.runners.fdl_runner -n gpt /cluster/experiments/gpt/gpt_preview/gpt/configs/gpt_fn_or_script
 
 exitcode=$?
 
