@@ -18,7 +18,7 @@ What ``setup`` does with it (SlurmExecutor; other executors run one fixed set of
 * the job-level config gets MIN, MAX and the tasks per node: when an attempt ends and is requeued, the
   decision asks Slurm for as many nodes as the partition can give now (never fewer than MIN, never more
   than MAX), so a job whose node was excluded or died starts again at once on fewer nodes, and a later
-  attempt grows back once nodes return (``megatron_resilience/jobs/node_range.py``);
+  attempt grows back once nodes return (``megatron_resilience/jobs/requeue_size.py``);
 * with ft_launcher's ``min-healthy`` restart policy on an elastic range (``restart_policy='min-healthy'``, or
   ``inprocess_restart=True``, which picks it on 0.4/0.5): a warning, not a refusal. ft_launcher turns
   upscaling off in that mode (0.4.1 ``launcher.py``: ``upscaling_enabled = restart_policy != "min-healthy"``):

@@ -313,7 +313,7 @@ class PretrainRunContext(RunContext):
                 direct=self.direct or executor is None, detach=self.detach)
 
 
-from megatron_resilience.recipes import cli_jobs  # noqa: E402,F401  (nemo megatron_resilience report|watch)
+from megatron_resilience.recipes import cli_report_watch_chaos  # noqa: E402,F401  (nemo megatron_resilience report|watch)
 
 run.cli.entrypoint(namespace=NAMESPACE, run_ctx_cls=PretrainRunContext, entrypoint_cls=PretrainEntrypoint,
                    help="Megatron-Core GPT pretraining with fault tolerance, preemption, "

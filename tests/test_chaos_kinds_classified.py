@@ -22,7 +22,7 @@ from test_joblevel_corpus import case, lay_out
 from megatron_resilience.chaos import on_node
 from megatron_resilience.chaos.faults import FAULTS
 from megatron_resilience.chaos.inject import inject
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from megatron_resilience.jobs import preemption_margin
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.records.ledger import Ledger

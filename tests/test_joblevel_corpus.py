@@ -18,7 +18,7 @@ import os
 import pytest
 
 from megatron_resilience.jobs import monitors as mon
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.evidence import read_tail
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve

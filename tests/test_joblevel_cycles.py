@@ -20,7 +20,7 @@ import time
 
 from nvrx_releases import probe
 
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.records.ledger import Ledger

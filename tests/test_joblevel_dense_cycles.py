@@ -27,7 +27,7 @@ import time
 
 from resilience_support.goodput_records import T0, save, start, steps, write_jsonl
 
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.records.ledger import Ledger
@@ -214,7 +214,7 @@ def test_cycles_pair_by_the_launchers_restart_count_else_by_position():
     """The pairing's rules: the trainer's ``in_job_restart`` names its launcher cycle (several: in-process restarts;
     none: workers that died in setup); cycles whose marks a cut log lost have no launcher lines; records without the
     count (another trainer) pair by position."""
-    from megatron_resilience.jobs.attempts import _pairs
+    from megatron_resilience.jobs.attempt_end import _pairs
     from megatron_resilience.jobs.launcher_log import LauncherCycle
 
     launcher = [LauncherCycle(n) for n in (0, 1, 2, 3)]

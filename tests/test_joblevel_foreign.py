@@ -22,7 +22,7 @@ from test_cli import nemo
 from test_joblevel_corpus import CASES, encode, lay_out
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, resolve
 from megatron_resilience.jobs.monitors import load_monitors

@@ -187,7 +187,7 @@ def test_a_requeue_that_spends_nothing_still_lifts_a_drain_and_a_resized_job_gro
     node returns. The preemption's decision lifts the exclusion, and the node count counts the node again."""
     from types import SimpleNamespace
 
-    from megatron_resilience.jobs import node_range
+    from megatron_resilience.jobs import requeue_size
 
     decisions = chain("megatron_transient", [
         ("node_fail", {"nodes": ["n1", "n2"], "cluster": view(n2="down"), **progress(0)}),
@@ -199,7 +199,7 @@ def test_a_requeue_that_spends_nothing_still_lifts_a_drain_and_a_resized_job_gro
     cfg = SimpleNamespace(min_nodes=1, nodes=2, ntasks_per_node=1)
     history = [{"nodes": ["n1", "n2"], "end": T0, "decision": decisions[0].to_dict()}]
     states = {"n1": "allocated", "n2": "idle", "n3": "allocated"}
-    grown = node_range.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, decisions[1], history, partition="p",
+    grown = requeue_size.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, decisions[1], history, partition="p",
                             states=states)
     assert (grown["nodes"], grown["was"], grown["available"]) == (2, 1, ["n1", "n2"])
     still = chain("megatron_transient", [
@@ -207,6 +207,6 @@ def test_a_requeue_that_spends_nothing_still_lifts_a_drain_and_a_resized_job_gro
         ("preempted", {"nodes": ["n1"], "cluster": view(n2="down"), **progress(1)}),
     ])
     assert (still[1].exclude_applied, still[1].exclude_lifted) == ([], [])  # unchanged: n2 stays excluded
-    assert node_range.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, still[1],
+    assert requeue_size.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, still[1],
                            [{"nodes": ["n1", "n2"], "end": T0, "decision": still[0].to_dict()}], partition="p",
                            states={**states, "n2": "down"}) is None

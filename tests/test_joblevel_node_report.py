@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from test_joblevel_corpus import CASES, UP, lay_out
 
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.report.run_report import build, format_report

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from megatron_resilience.jobs import node_range
+from megatron_resilience.jobs import requeue_size
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.decision import Cluster, Decision, decide
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
@@ -29,37 +29,37 @@ def requeue(exclude=()):
 
 def test_a_lost_node_without_a_spare_shrinks_the_next_attempt():
     states = {"mn1": "allocated", "mn2": "allocated", "mn3": "down"}  # mn1: another job; mn2: ours, freed on requeue
-    count = node_range.plan(cfg(), {"nodes": ["mn2", "mn3"]}, requeue(), [], partition="faults", states=states)
+    count = requeue_size.plan(cfg(), {"nodes": ["mn2", "mn3"]}, requeue(), [], partition="faults", states=states)
     assert count == {"nodes": 1, "was": 2, "full": 2, "min_nodes": 1, "available": ["mn2"], "tasks": 1,
                      "reason": "1 node(s) can take it now (mn2): shrinks to 1 of 2 (min_nodes=1) instead of waiting "
                                "for a replacement"}
-    assert node_range.resize_command("42", count) == ["scontrol", "update", "JobId=42", "NumNodes=1", "NumTasks=1"]
+    assert requeue_size.resize_command("42", count) == ["scontrol", "update", "JobId=42", "NumNodes=1", "NumTasks=1"]
 
 
 def test_a_later_attempt_grows_back_once_nodes_return_and_never_onto_excluded_ones():
     states = {"mn1": "idle", "mn2": "allocated", "mn3": "idle"}
-    grown = node_range.plan(cfg(), {"nodes": ["mn2"]}, requeue(), [], partition="faults", states=states)
+    grown = requeue_size.plan(cfg(), {"nodes": ["mn2"]}, requeue(), [], partition="faults", states=states)
     assert (grown["nodes"], grown["available"]) == (2, ["mn1", "mn2", "mn3"])
     assert grown["reason"].endswith("grows back to 2 of 2")
     history = [{"decision": {"exclude_requested": ["mn1"], "exclude_applied": ["mn1"]}}]
     # a decision's exclude_applied is the job's whole list: mn1 (excluded earlier, standing) and mn3 (now)
-    kept = node_range.plan(cfg(nodes=3), {"nodes": ["mn2"]}, requeue(["mn1", "mn3"]), history, partition="p",
+    kept = requeue_size.plan(cfg(nodes=3), {"nodes": ["mn2"]}, requeue(["mn1", "mn3"]), history, partition="p",
                            states=states)
     assert kept is None  # mn1 and mn3 are idle but not for this job: stays at 1
     # a decision that leaves the list as it was: the earlier exclusion still stands
-    assert node_range.plan(cfg(nodes=2), {"nodes": ["mn2"]}, requeue(), history, partition="p",
+    assert requeue_size.plan(cfg(nodes=2), {"nodes": ["mn2"]}, requeue(), history, partition="p",
                            states={"mn1": "idle", "mn2": "allocated"}) is None
 
 
 def test_nothing_changes_without_a_range_a_requeue_or_a_different_count():
     states = {"mn1": "idle", "mn2": "idle"}
-    assert node_range.plan(cfg(min_nodes=None), {"nodes": ["mn1"]}, requeue(), [], partition="p", states=states) \
+    assert requeue_size.plan(cfg(min_nodes=None), {"nodes": ["mn1"]}, requeue(), [], partition="p", states=states) \
         is None
-    assert node_range.plan(cfg(), {"nodes": ["mn1"]}, Decision("stop", "finished"), [], partition="p",
+    assert requeue_size.plan(cfg(), {"nodes": ["mn1"]}, Decision("stop", "finished"), [], partition="p",
                            states=states) is None
-    assert node_range.plan(cfg(), {"nodes": ["mn1", "mn2"]}, requeue(), [], partition="p", states=states) is None
+    assert requeue_size.plan(cfg(), {"nodes": ["mn1", "mn2"]}, requeue(), [], partition="p", states=states) is None
     # Fewer usable nodes than min_nodes: it asks for min_nodes and waits for them.
-    waits = node_range.plan(cfg(min_nodes=2, nodes=3, ntasks_per_node=4), {"nodes": ["a", "b", "c"]}, requeue(),
+    waits = requeue_size.plan(cfg(min_nodes=2, nodes=3, ntasks_per_node=4), {"nodes": ["a", "b", "c"]}, requeue(),
                             [], partition="p", states={"a": "down", "b": "drain", "c": "allocated"})
     assert (waits["nodes"], waits["tasks"], waits["available"]) == (2, 8, ["c"])
 
@@ -81,7 +81,7 @@ def test_a_node_that_does_not_respond_or_is_kept_from_new_work_is_not_counted_fr
     states = slurm.partition_node_states("faults")
     assert states == {"mn1": "idle*", "mn2": "allocated", "mn3": "idle~", "mn4": "idle-", "mn5": "mixed$",
                       "mn6": "idle", "mn7": "drained*", "mn8": "idle#"}
-    count = node_range.plan(cfg(nodes=5), {"nodes": ["mn2", "mn7"]}, requeue(), [], partition="faults")
+    count = requeue_size.plan(cfg(nodes=5), {"nodes": ["mn2", "mn7"]}, requeue(), [], partition="faults")
     assert count == {"nodes": 4, "was": 2, "full": 5, "min_nodes": 1, "available": ["mn2", "mn3", "mn6", "mn8"],
                      "tasks": 4, "reason": "4 node(s) can take it now (mn2,mn3,mn6,mn8): grows back to 4 of 5"}
     assert slurm.cluster("faults").unusable == ["mn1", "mn5", "mn7"]  # mn4 is only busy for now
@@ -89,7 +89,7 @@ def test_a_node_that_does_not_respond_or_is_kept_from_new_work_is_not_counted_fr
         == {"*": (False, False), "~": (True, True), "#": (True, True), "!": (True, False), "%": (True, False),
             "$": (False, False), "@": (True, False), "^": (True, False), "-": (True, False)}
     # A node of the attempt that just ended is not counted once it stops responding (it did: allocated*).
-    gone = node_range.plan(cfg(), {"nodes": ["mn1", "mn2"]}, requeue(), [], partition="p",
+    gone = requeue_size.plan(cfg(), {"nodes": ["mn1", "mn2"]}, requeue(), [], partition="p",
                            states={"mn1": "completing*", "mn2": "allocated"})
     assert (gone["nodes"], gone["available"]) == (1, ["mn2"])
 
@@ -109,10 +109,10 @@ def test_a_node_range_lets_the_decision_exclude_a_node_the_partition_cannot_repl
 def test_each_attempt_records_its_world_and_data_parallel_size():
     mine = [{"kind": "start", "world_size": 2, "tp": 1, "pp": 1, "dp": 2}, {"kind": "train", "step": 1},
             {"kind": "start", "world_size": 1, "tp": 1, "pp": 1, "dp": 1}]
-    assert node_range.attempt_sizes(mine) == {
+    assert requeue_size.attempt_sizes(mine) == {
         "world_size": 1, "dp": 1, "sizes": [{"world_size": 2, "tp": 1, "pp": 1, "dp": 2},
                                             {"world_size": 1, "tp": 1, "pp": 1, "dp": 1}]}
-    assert node_range.attempt_sizes([{"kind": "train"}]) == {}
+    assert requeue_size.attempt_sizes([{"kind": "train"}]) == {}
 
 
 def test_the_report_shows_throughput_per_attempt_against_the_full_size(tmp_path):

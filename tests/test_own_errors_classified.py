@@ -19,7 +19,7 @@ import sys
 import pytest
 from test_joblevel_corpus import case, encode, lay_out
 
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.decision import Cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

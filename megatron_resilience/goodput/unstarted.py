@@ -1,5 +1,5 @@
 """In-job cycles the trainer never saw: the launcher restarted the workers, and a fault killed them in their setup,
-before the trainer's ``start`` record (the ledger's ``trainer_started: false``, ``jobs/attempts.py``).
+before the trainer's ``start`` record (the ledger's ``trainer_started: false``, ``jobs/attempt_end.py``).
 
 On a dense fault stream (chaos on the allocation clock) a fault comes due during a restart as often as during
 training. Such a cycle ended in a restart of its own: the accounting (:mod:`.accounting`) gives it its own

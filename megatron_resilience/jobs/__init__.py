@@ -6,7 +6,7 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.taxonomy`   error types, their retry mode (crash / stall / timeout) and subsystem;
 - :mod:`.monitors`   regex monitors over logs (YAML presets in ``presets/monitors/``) -> signals;
 - :mod:`.policies`   restart policies (YAML presets in ``presets/policies/``);
-- :mod:`.vocabulary` the log-monitoring tool's error types/subsystems and what each means here;
+- :mod:`.foreign_vocabulary` the log-monitoring tool's error types/subsystems and what each means here;
 - :mod:`.foreign_monitors`, :mod:`.foreign_policy` that tool's files (SlurmLogMonitor, per-mode policies),
   translated once at load; :mod:`.policy_checks` rules that can never fire, requeues without a budget;
 - :mod:`.classifier` one classification per attempt from stop reason, NVRx, Slurm and log signals;
@@ -14,11 +14,12 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.attribution` which node failed: every host the evidence names, its role, the one(s) blamed;
 - :mod:`.decision`   the policy's decision (or nemo_run's rule) with budgets, progress and node exclusion;
 - :mod:`.evidence`   reading an attempt's logs, metrics, cycle-info files;
-- :mod:`.attempts`   classify + decide + the ledger record of one ended attempt;
+- :mod:`.attempt_end` classify + decide + the ledger record of one ended attempt;
 - :mod:`.jobconfig`  the job-level config the plugins render into the sbatch script;
 - :mod:`.batch_exit` the batch script's EXIT trap (the watcher, :mod:`megatron_resilience.watch`, takes the same
   decision from outside the job);
-- :mod:`.node_exclusion` which nodes a requeue avoids; :mod:`.shared_node_history` attributions shared by runs.
+- :mod:`.node_exclusion` which nodes a requeue avoids; :mod:`.requeue_size` how many nodes a requeue of a job
+  with a node range asks for; :mod:`.shared_node_history` attributions shared by runs.
 
 What a run cost is :mod:`megatron_resilience.goodput`'s; what happened, as a report,
 :mod:`megatron_resilience.report`'s.

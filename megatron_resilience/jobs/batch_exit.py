@@ -19,8 +19,8 @@ import os
 import signal
 import sys
 
-from megatron_resilience.jobs import node_range, slurm
-from megatron_resilience.jobs.attempts import end_attempt
+from megatron_resilience.jobs import requeue_size, slurm
+from megatron_resilience.jobs.attempt_end import end_attempt
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
 from megatron_resilience.records.ledger import Ledger
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                                         nodes=decision.exclude_applied)
             print(f"{PREFIX} ExcNodeList={','.join(decision.exclude_applied)}: "
                   f"{'set' if ok else 'NOT set: ' + output}", flush=True)
-        resized = node_range.carry_out(ledger, ending.record, job_id, by="batch")
+        resized = requeue_size.carry_out(ledger, ending.record, job_id, by="batch")
         if resized:
             print(f"{PREFIX} {resized}", flush=True)
         return _finish(code)

@@ -31,7 +31,7 @@ import os
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import taxonomy, vocabulary
+from megatron_resilience.jobs import foreign_vocabulary, taxonomy
 
 FILE_KEYS = ("class_name", "poll_interval_seconds", "check_interval_seconds", "inactivity_threshold_seconds",
              "log_signals", "log_events", "defaults", "termination_string", "termination_command",
@@ -129,14 +129,14 @@ def _signal(item: Any, *, source: str, index: int, settings: dict[str, Any]) -> 
         error_type, severity = "finished", "info"
     else:
         default = {"stall": "hang", "timeout": "time_limit"}.get(kind, "unknown")
-        error_type = vocabulary.monitor_error_type(error_name, subsystem=foreign_sub, source=source,
+        error_type = foreign_vocabulary.monitor_error_type(error_name, subsystem=foreign_sub, source=source,
                                                    key=f"{where}.metadata.error_type", foreign=True) \
             if error_name is not None else default
         severity = meta.get("severity", "warning" if kind == "warning" else "error")
-        if severity not in vocabulary.SEVERITIES:
+        if severity not in foreign_vocabulary.SEVERITIES:
             raise ConfigError(f"{source}: {where}.metadata.severity: must be one of "
-                              f"{list(vocabulary.SEVERITIES)}, got {severity!r}")
-        severity = "warning" if kind == "warning" else vocabulary.SEVERITIES[severity]
+                              f"{list(foreign_vocabulary.SEVERITIES)}, got {severity!r}")
+        severity = "warning" if kind == "warning" else foreign_vocabulary.SEVERITIES[severity]
     groups = item.get("extract_groups") or {}
     if not isinstance(groups, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in groups.items()):
         raise ConfigError(f"{source}: {where}.extract_groups: must map field names to capture group names, "

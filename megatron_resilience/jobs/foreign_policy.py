@@ -21,7 +21,7 @@ what it became:
   them its budget (that tool counted them in the policy's mode);
 * per mode, in this order: ``exclude_error_types`` -> a ``stop`` rule (exclusions win, as there),
   ``restart_on_signals`` -> a ``requeue`` rule on those monitors, ``restart_on_error_types`` and
-  ``restart_on_subsystems`` -> ``requeue`` rules (names through ``vocabulary.py``), ``default_action``
+  ``restart_on_subsystems`` -> ``requeue`` rules (names through ``foreign_vocabulary.py``), ``default_action``
   -> a rule on the mode (``restart``: requeue); ``AlwaysRestartPolicy`` -> requeue the mode,
   ``NoRestartPolicy`` -> stop it; a mode without a policy stops (that tool's ``NoRestartPolicy`` default);
 * what every policy here does anyway is not a rule: a finished run stops (``success``), a preemption or
@@ -40,7 +40,7 @@ import os
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import taxonomy, vocabulary
+from megatron_resilience.jobs import foreign_vocabulary, taxonomy
 
 FILE_KEYS = ("policies",)
 ENTRY_KEYS = ("mode", "implementation")
@@ -156,7 +156,7 @@ def _selective(impl: dict[str, Any], *, source: str, where: str,
         return value
 
     for key, action in (("exclude_error_types", "stop"), ("restart_on_error_types", "requeue")):
-        types, said = vocabulary.error_types(names(key), source=source, key=f"{where}.{key}", foreign=True)
+        types, said = foreign_vocabulary.error_types(names(key), source=source, key=f"{where}.{key}", foreign=True)
         notes += said
         always = [t for t in types if t in taxonomy.NOT_FAILURES]
         if always:
@@ -171,7 +171,7 @@ def _selective(impl: dict[str, Any], *, source: str, where: str,
             rules.append({"match": {"monitor": names("restart_on_signals")}, "action": "requeue"})
             notes.append(f"{where}.restart_on_signals: {names('restart_on_signals')} -> rule: requeue when those "
                          "monitors decided")
-    subsystems, said = vocabulary.subsystems(names("restart_on_subsystems"), source=source,
+    subsystems, said = foreign_vocabulary.subsystems(names("restart_on_subsystems"), source=source,
                                              key=f"{where}.restart_on_subsystems", foreign=True)
     notes += said
     if subsystems:

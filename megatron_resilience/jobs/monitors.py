@@ -20,7 +20,7 @@ classify an attempt; ``info``/``warning`` ones are kept as context. The Slurm mo
 (``presets/monitors/_slurm.yaml``: slurmstepd's cancellation lines, the trainer's own stop lines)
 are always on. Every file is checked when loaded, before submission: an unknown key, a regex
 that does not compile, an unknown error type or severity is an error naming the file and the key.
-Error types and subsystems may be named in the log-monitoring tool's vocabulary too (``vocabulary.py``),
+Error types and subsystems may be named in the log-monitoring tool's vocabulary too (``foreign_vocabulary.py``),
 and that tool's own ``SlurmLogMonitor`` files load as they are (``foreign_monitors.py``).
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import foreign_monitors, taxonomy, vocabulary, xid_codes
+from megatron_resilience.jobs import foreign_monitors, foreign_vocabulary, taxonomy, xid_codes
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "monitors")
 ALWAYS_ON = "_slurm"
@@ -122,14 +122,14 @@ def build_monitor(raw: Any, *, source: str, index: int) -> Monitor:
     for key in REQUIRED_MONITOR_KEYS:
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise ConfigError(f"{source}: {where}.{key}: must be a non-empty string, got {raw.get(key)!r}")
-    error_type = vocabulary.monitor_error_type(raw["error_type"], subsystem=raw.get("subsystem"), source=source,
+    error_type = foreign_vocabulary.monitor_error_type(raw["error_type"], subsystem=raw.get("subsystem"), source=source,
                                                key=f"{where}.error_type", foreign=False)
     if raw["severity"] not in taxonomy.SEVERITIES:
         raise ConfigError(f"{source}: {where}.severity: must be one of {list(taxonomy.SEVERITIES)}, "
                           f"got {raw['severity']!r}")
     subsystem = raw.get("subsystem")
     if subsystem is not None:
-        names, _ = vocabulary.subsystems([subsystem], source=source, key=f"{where}.subsystem", foreign=False)
+        names, _ = foreign_vocabulary.subsystems([subsystem], source=source, key=f"{where}.subsystem", foreign=False)
         own = taxonomy.BY_NAME[error_type].subsystem
         subsystem = own if own in names else names[0]
     groups = raw.get("extract_groups") or {}

@@ -173,7 +173,7 @@ def plan(wanted_nodes: list[str], history: list[dict[str, Any]], attempt_nodes: 
     out.requested = asked
     combined = list(dict.fromkeys(already + asked))
     usable = [n for n in cluster.nodes if n not in combined and n not in cluster.unusable]
-    # A job with a node range (FaultTolerancePlugin.min_nodes) can start on fewer nodes (jobs/node_range.py).
+    # A job with a node range (FaultTolerancePlugin.min_nodes) can start on fewer nodes (jobs/requeue_size.py).
     needed = max(1, min_nodes or len(attempt_nodes))
     if not cluster.nodes:
         out.not_applied = "the partition's nodes are unknown (sinfo gave none)"

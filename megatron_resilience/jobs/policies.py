@@ -22,7 +22,7 @@ scheduler is requeued without spending a retry. Everything is validated when loa
 submission): unknown keys, unknown error types/subsystems/actions, negative numbers, a rule that can
 never fire or a requeue rule without a budget (``policy_checks.py``), each error names the file and
 the key. Error types and subsystems may be named in the log-monitoring tool's vocabulary too
-(``vocabulary.py``), and that tool's per-mode restart files load as they are (``foreign_policy.py``).
+(``foreign_vocabulary.py``), and that tool's per-mode restart files load as they are (``foreign_policy.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import foreign_policy, policy_checks, taxonomy, vocabulary
+from megatron_resilience.jobs import foreign_policy, foreign_vocabulary, policy_checks, taxonomy
 from megatron_resilience.jobs.monitors import read_raw, read_yaml, resolve_path, say_once
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "policies")
@@ -110,8 +110,8 @@ def _error_types(source: str, key: str, value: Any, notes: list[str]) -> tuple[s
         value = [value]
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{source}: {key}: must be a non-empty list of error types "
-                          f"({vocabulary.both_vocabularies()}), got {value!r}")
-    types, said = vocabulary.error_types(value, source=source, key=key, foreign=False)
+                          f"({foreign_vocabulary.both_vocabularies()}), got {value!r}")
+    types, said = foreign_vocabulary.error_types(value, source=source, key=key, foreign=False)
     notes += said
     return types
 
@@ -199,7 +199,7 @@ def _rule(source: str, index: int, raw: Any, notes: list[str]) -> Rule:
             listed = [value] if isinstance(value, str) else value
             if not isinstance(listed, list) or not listed:
                 raise ConfigError(f"{source}: {at}: must be a non-empty list of subsystems, got {value!r}")
-            values[key], said = vocabulary.subsystems(listed, source=source, key=at, foreign=False)
+            values[key], said = foreign_vocabulary.subsystems(listed, source=source, key=at, foreign=False)
             notes += said
         elif key == "monitor":
             listed = [value] if isinstance(value, str) else value

@@ -34,8 +34,8 @@ import subprocess
 import time
 from typing import Any
 
-from megatron_resilience.jobs import node_range, slurm
-from megatron_resilience.jobs.attempts import Ending, attempt_start, end_attempt
+from megatron_resilience.jobs import requeue_size, slurm
+from megatron_resilience.jobs.attempt_end import Ending, attempt_start, end_attempt
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
 from megatron_resilience.records.ledger import Ledger
@@ -192,7 +192,7 @@ class Watcher:
         return ending
 
     def _redecide(self, ending: Ending, cls: Classification) -> Ending:
-        from megatron_resilience.jobs.attempts import chain_history, share, shared_blames
+        from megatron_resilience.jobs.attempt_end import chain_history, share, shared_blames
         from megatron_resilience.jobs.decision import decide, decide_monitor_only
 
         policy = self.cfg.load_policy()
@@ -209,7 +209,7 @@ class Watcher:
         share(self.cfg, record, cluster)
         record["decision"] = decision.to_dict()
         record.pop("node_count", None)
-        count = node_range.plan(self.cfg, record, decision, chain_history(self.ledger), partition=self.partition)
+        count = requeue_size.plan(self.cfg, record, decision, chain_history(self.ledger), partition=self.partition)
         if count is not None:
             record["node_count"] = count
         return Ending(cls, decision, record)
@@ -230,7 +230,7 @@ class Watcher:
                 nodes = ",".join(decision.exclude_applied)
                 self.ledger.perform("exclude_nodes", ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"],
                                     by="watcher", job_id=job, nodes=decision.exclude_applied)
-            resized = node_range.carry_out(self.ledger, ending.record, job, by="watcher")
+            resized = requeue_size.carry_out(self.ledger, ending.record, job, by="watcher")
             if resized:
                 log(f"job {job}: {resized}")
             return False
@@ -320,7 +320,7 @@ class Watcher:
             command.append(f"--job-name={self.job_name()}")
         if exclude:
             command.append(f"--exclude={','.join(exclude)}")
-        if node_count:  # FaultTolerancePlugin.min_nodes: the nodes the partition can give now (jobs/node_range.py)
+        if node_count:  # FaultTolerancePlugin.min_nodes: the nodes the partition can give now (jobs/requeue_size.py)
             command.append(f"--nodes={node_count['nodes']}")
         command.append(script)
         intent = self.ledger.append({"kind": "intent", "id": os.urandom(6).hex(), "action": "sbatch",

@@ -14,8 +14,8 @@ from typing import Any
 from megatron_resilience.jobs import (
     attribution,
     finished,
-    node_range,
     preemption_margin,
+    requeue_size,
     shared_node_history,
     slurm,
     taxonomy,
@@ -99,7 +99,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         "last_step": progress["last_step"], "resumed_from": progress["resumed_from"],
         "checkpoint_step": progress["checkpoint_step"], "recomputed_steps": progress["recomputed_steps"],
         "cycles": cycles, "log_files": files.files, "classification": cls.to_dict(),
-        **node_range.attempt_sizes(mine),  # world size and DP of the attempt (and of each in-job cycle)
+        **requeue_size.attempt_sizes(mine),  # world size and DP of the attempt (and of each in-job cycle)
         **({"batch_signal": f"SIG{batch_signal}"} if batch_signal else {}),
     }
     if cfg.min_nodes is not None:
@@ -123,7 +123,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
         share(cfg, record, cluster)
     record["decision"] = decision.to_dict()
     record["policy"] = policy.name if policy else ("monitor_only" if cfg.monitor_only else "nemo_run")
-    count = node_range.plan(cfg, record, decision, history, partition=partition)
+    count = requeue_size.plan(cfg, record, decision, history, partition=partition)
     if count is not None:
         record["node_count"] = count
     return Ending(cls, decision, record)
