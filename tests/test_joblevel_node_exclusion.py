@@ -158,6 +158,20 @@ def test_a_folder_that_cannot_be_written_costs_the_run_only_the_shared_count(tmp
     why = shared_node_history.publish(str(blocker / "sub"), "/runs/a/l", attempt, view())
     assert why is not None and why.startswith(f"{blocker / 'sub' / 'node_blames.jsonl'}: ")
     assert shared_node_history.others(str(blocker / "sub"), "/runs/b/l", T0) == []
+    # the ledger record of the attempt says so (the batch trap and the watcher share through attempt_end.share)
+    from megatron_resilience.jobs.attempt_end import share
+    from megatron_resilience.jobs.jobconfig import JobLevelConfig
+
+    cfg = JobLevelConfig(job_name="j", job_dir=str(tmp_path), ledger="/runs/a/l", finished_flag=str(tmp_path / "f"),
+                         node_history_dir=str(blocker / "sub"))
+    record = dict(attempt)
+    share(cfg, record, view())
+    assert record["node_history_not_shared"] == why
+    share(JobLevelConfig(job_name="j", job_dir=str(tmp_path), ledger="/runs/a/l", finished_flag="f",
+                         node_history_dir=str(tmp_path / "shared")), record := dict(attempt), view())
+    assert "node_history_not_shared" not in record
+    assert [r["node"] for r in shared_node_history.Ledger(shared_node_history.path(str(tmp_path / "shared")))
+            .records("node_blame")] == ["n1"]
 
 
 def test_a_long_run_on_a_pool_with_a_lemon_excludes_the_lemon_and_never_strands_the_job():
