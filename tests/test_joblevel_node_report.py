@@ -43,6 +43,7 @@ def test_the_report_lists_per_node_failures_and_exclusions(tmp_path):
         "nid003 | 0,1      | 1: node_fail                                | 50%   | 1",
         "nid004 | 1,2,3    | -                                           | -     | -",
         "nid005 | 2,3      | -                                           | -     | -",
+        "exclusions applied: nid002 1 (50%), nid003 1 (50%)",
     ], text
     assert excluded == {"nid002", "nid003"}
 
@@ -92,7 +93,27 @@ def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cyc
     assert format_node_table(attempts)[2:] == [
         "node | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
         "mn1  | 1        | 1.0: xid_error                              | 50%   | -",
-        "mn3  | 0        | 0: node_fail                                | 50%   | 0"]
+        "mn3  | 0        | 0: node_fail                                | 50%   | 0",
+        "exclusions applied: mn3 1 (100%)"]
+
+
+def test_the_node_table_says_why_a_node_was_excluded_and_each_nodes_share_of_the_exclusions():
+    """A lemon (n2) blamed twice, excluded once on attribution; n3 drained by the scheduler; n1 blamed in the same
+    decision as n2 and deferred (one new blamed node per decision)."""
+    from megatron_resilience.report.node_history import format_node_table
+
+    xid = {"mode": "crash", "error_type": "xid_error"}
+    attempts = [
+        {"nodes": ["n1", "n2"], "classification": {**xid, "hosts": ["n2"]}, "decision": {}},
+        {"nodes": ["n1", "n2", "n3"], "classification": {**xid, "hosts": ["n1", "n2"]},
+         "decision": {"exclude_requested": ["n2", "n3"], "exclude_applied": ["n2", "n3"],
+                      "exclude_scheduler": {"n3": "drained"}, "exclude_deferred": ["n1"]}}]
+    assert format_node_table(attempts)[2:] == [
+        "node | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
+        "n1   | 0,1      | 1: xid_error                                | 33%   | 1 (deferred)",
+        "n2   | 0,1      | 0: xid_error, 1: xid_error                  | 67%   | 1",
+        "n3   | 1        | -                                           | -     | 1 (sinfo drained)",
+        "exclusions applied: n2 1 (50%), n3 1 (50%)"]
 
 
 def test_without_scontrol_a_compact_node_list_is_still_every_node(monkeypatch):
