@@ -13,7 +13,8 @@ rest differs per executor, and a setting that does not apply is logged, never si
 | LeptonExecutor            | -                | -                    | written by pre_launch_commands      |
 | DGXCloud/KubeflowExecutor | -                | -                    | no way to ship it (logged)          |
 
-Subclasses get their base class's row. An executor nemo_run cannot run a task on (KubeRayExecutor hosts
+What each way of shipping the FT config does is ``ft_config_delivery.py`` (the plugin has no per-executor branch
+for it). Subclasses get their base class's row. An executor nemo_run cannot run a task on (KubeRayExecutor hosts
 Ray clusters; any class outside nemo_run's scheduler table) is an error that names the ones that work.
 """
 

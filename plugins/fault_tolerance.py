@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -46,6 +45,7 @@ from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.plugins import (
     batch_decision,
     ft_config,
+    ft_config_delivery,
     ft_features,
     ft_trainer,
     in_job_restarts,
@@ -58,8 +58,6 @@ from megatron_resilience.plugins._executor import (
     claim,
     disable_nsys,
     set_env,
-    set_setup_block,
-    slurm_job_file,
 )
 from megatron_resilience.plugins.executors import executor_profile
 from megatron_resilience.plugins.script_args import FaultTolerancePluginScriptArgs
@@ -75,7 +73,7 @@ from megatron_resilience.upstream import (
     parse_version,
     unaccepted_ft_launcher_flags,
 )
-from megatron_resilience.upstream.launcher import NVRX_FLOOR, elastic_node_range
+from megatron_resilience.upstream.launcher import NVRX_FLOOR
 
 run = import_nemo_run()
 log = logging.getLogger("megatron_resilience.plugins")
@@ -84,10 +82,7 @@ NAME = "FaultTolerancePlugin"
 TERMINATION_SIGNALS = CATCHABLE_SIGNALS + ("SIGKILL",)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FT_MODES = ("sections", "heartbeats")
-FT_CFG_BLOCK = "FaultTolerancePlugin ft_launcher config"
-FT_FLAGS_BLOCK = "FaultTolerancePlugin ft_launcher flags"
 RDZV_CONF_ENV = "PET_RDZV_CONF"
-CONTAINER_FT_CFG_DIR = "/megatron_resilience/ft_configs"  # where Docker/SkyPilot jobs see the FT config file
 
 
 @dataclass(kw_only=True)
@@ -223,11 +218,13 @@ class FaultTolerancePlugin(run.Plugin):
                      "signals and in-job restarts would not reach the training ranks")
         self._set_retries(executor, profile)
 
-        place = self._job_place(executor, profile)
+        place = ft_config_delivery.job_place(executor, profile)
         features = self if policy == self.restart_policy else dataclasses.replace(self, restart_policy=policy)
         extras = ft_features.render(features, version, source, profile, trainer_paths(target), place)
         yaml_text = ft_config.render_yaml({**ft_config.ft_settings(self, mode), **extras.yaml})
-        path = self._ship_config(executor, profile, version, yaml_text, extras)
+        path = ft_config_delivery.ship(executor, profile, version, yaml_text, extras)
+        if path is not None:
+            self._set_env(executor, ft_cfg_path_env(version), path)
         for key, value in extras.env.items():
             self._set_env(executor, key, value)
         if profile.is_slurm and (executor.nodes or 1) > 1:
@@ -317,60 +314,6 @@ class FaultTolerancePlugin(run.Plugin):
         if executor.retries != retries:
             log.info("%s: executor.retries: %r -> %r (%s)", NAME, executor.retries, retries, why)
             executor.retries = retries
-
-    @staticmethod
-    def _job_place(executor: Any, profile: Any) -> ft_features.JobPlace:
-        if profile.is_slurm:
-            host, step = slurm_job_file(executor, "")
-            return ft_features.JobPlace(step_dir=step.rstrip("/"), host_dir=host.rstrip("/"))
-        if profile.kind == "local":
-            return ft_features.JobPlace(step_dir=executor.job_dir, host_dir=None)
-        return ft_features.JobPlace(step_dir="/nemo_run", host_dir=None)  # nemo_run's job-dir mount in containers
-
-    def _ship_config(self, executor: Any, profile: Any, version: tuple[int, ...], yaml_text: str,
-                     extras: ft_features.LauncherExtras) -> str | None:
-        """Put the FT config where ft_launcher reads it on this executor; returns its path there."""
-        env = ft_cfg_path_env(version)
-        if profile.ft_config == "sbatch":
-            host_path, path = slurm_job_file(executor, f"{executor.job_name}_ft_cfg.yml")
-            set_setup_block(executor, FT_CFG_BLOCK, ft_config.sbatch_block(host_path, yaml_text, extras.host_dirs))
-            ranged = node_range.remembered(executor)
-            srun = {} if ranged is None else {"nnodes": node_range.ft_launcher_nnodes(ranged["min_nodes"], version),
-                                              "keep_survivors": elastic_node_range(version)}
-            set_setup_block(executor, FT_FLAGS_BLOCK,
-                            ft_config.launcher_flags_block(extras.flags, **srun) if extras.flags or srun else None)
-        elif profile.ft_config == "lepton_pre_launch":
-            path = f"/tmp/megatron_resilience/{executor.job_name}_ft_cfg.yml"
-            executor.pre_launch_commands = [*executor.pre_launch_commands, *ft_config.pre_launch_lines(path, yaml_text)]
-            log.info("%s: executor.pre_launch_commands += writing the FT config to %s", NAME, path)
-        elif profile.ft_config is not None:
-            from nemo_run.config import get_nemorun_home
-
-            path = local = ft_config.write_local(get_nemorun_home(), yaml_text)
-            if profile.ft_config == "docker_volume":
-                volume = f"{os.path.dirname(local)}:{CONTAINER_FT_CFG_DIR}:ro"
-                path = os.path.join(CONTAINER_FT_CFG_DIR, os.path.basename(local))
-                if volume not in executor.volumes:
-                    executor.volumes = [*executor.volumes, volume]
-                    log.info("%s: executor.volumes += %r (the FT config file)", NAME, volume)
-            elif profile.ft_config == "skypilot_file_mount":
-                path = os.path.join(CONTAINER_FT_CFG_DIR, os.path.basename(local))
-                executor.file_mounts = {**(executor.file_mounts or {}), path: local}
-                log.info("%s: executor.file_mounts[%r] = %r (the FT config file)", NAME, path, local)
-        else:
-            asked = sorted(set(extras.yaml) - extras.derived)
-            if asked:
-                raise ConfigError(f"{NAME}: {', '.join(asked)} reach ft_launcher only through its config "
-                                  f"file, and nemo_run gives plugins no way to ship a file to {profile.name}; use a "
-                                  f"SlurmExecutor, LocalExecutor, DockerExecutor, SkypilotExecutor or LeptonExecutor")
-            log.warning("%s: %s: nemo_run gives plugins no way to ship ft_launcher's config file there, so the "
-                        "section timeouts do not apply (ft_launcher gets only the heartbeat timeouts, check interval, "
-                        "termination signal and log level nemo_run renders); with mode=sections hangs are not "
-                        "detected there, crashes are%s", NAME, profile.name,
-                        f"; not applied either: {', '.join(sorted(extras.derived))}" if extras.derived else "")
-            return None
-        self._set_env(executor, env, path)
-        return path
 
     def _set_rdzv_join_timeout(self, executor: Any) -> None:
         # ft_launcher reads --rdzv-conf from PET_RDZV_CONF (all versions); nemo_run has no field for it.

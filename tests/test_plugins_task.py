@@ -52,6 +52,8 @@ def test_partial_defaults_get_sections_created_and_every_change_logged(tmp_path,
     assert messages(caplog) == [
         "FaultTolerancePlugin: task ft.enabled: False (default) -> True (enable_ft_package)",
         "FaultTolerancePlugin: task ft.calc_ft_timeouts: False (default) -> True (calc_ft_timeouts)",
+        "FaultTolerancePlugin: num_in_job_restarts=None -> 3 (nvidia-resiliency-ext 0.4.1 tracks no progress); after "
+        "the last one the batch script's decision requeues an advancing run with its budget refilled",
         "FaultTolerancePlugin: mode=sections: heartbeat timeouts are not set (section messages do not reset the "
         "heartbeat timer); hangs are caught by the section timeouts setup=600.0 step=180.0 checkpointing=420.0 "
         "out-of-section=300.0",
