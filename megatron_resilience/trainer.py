@@ -31,6 +31,7 @@ from megatron_resilience.runtime.hooks import TrainingHooks
 from megatron_resilience.runtime.launch_env import adopt_launch_env
 from megatron_resilience.runtime.setup_timeline import SetupTimeline
 from megatron_resilience.runtime.state import TrainState
+from megatron_resilience.upstream.fsdp import check_data_parallel_strategy
 from megatron_resilience.upstream.harmless_warnings import silence_harmless_warnings
 
 log = logging.getLogger("megatron_resilience")
@@ -89,6 +90,7 @@ def run_pretraining(config: PretrainConfig) -> None:
     rank, world_size = launch.rank, launch.world_size
     try:  # before torch loads: a bad folder or job size fails here, in seconds, not at the first save
         config.validate_world_size(world_size)
+        check_data_parallel_strategy(config, world_size)
         check_paths(config)
         model_shape.check_resume(config)  # another model shape than the checkpoint's: named now, not at the load
         notes = check_installed(config)

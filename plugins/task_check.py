@@ -42,6 +42,7 @@ from megatron_resilience.config.validate import fail
 from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.plugins.job_shape import check_ranks_per_node, world_size
 from megatron_resilience.upstream import import_nemo_run
+from megatron_resilience.upstream.fsdp import check_data_parallel_strategy
 
 log = logging.getLogger("megatron_resilience.plugins")
 
@@ -159,6 +160,7 @@ def check_task(task: Any, executor: Any = None, *, plugins: list[Any] | None = N
         return None
     if executor is not None:
         config.validate_world_size(world_size(executor))
+        check_data_parallel_strategy(config, world_size(executor))
         if sees_job_filesystem(executor):
             check_paths(config, skip=unchecked)
         if plugins is not None:

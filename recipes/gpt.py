@@ -38,6 +38,7 @@ from megatron_resilience.config.validate import check_int, fail
 from megatron_resilience.entry import pretrain
 from megatron_resilience.plugins.task_check import task_config
 from megatron_resilience.upstream import import_nemo_run
+from megatron_resilience.upstream.fsdp import check_data_parallel_strategy
 
 run = import_nemo_run()
 
@@ -97,6 +98,7 @@ def validate(task, *, num_nodes: int, num_gpus_per_node: int) -> PretrainConfig:
     check_int("num_gpus_per_node", num_gpus_per_node, minimum=1)
     config = to_config(task)
     config.validate_world_size(num_nodes * num_gpus_per_node)
+    check_data_parallel_strategy(config, num_nodes * num_gpus_per_node)
     return config
 
 

@@ -72,6 +72,42 @@ TASK_CASES = [
     (["checkpoint.save={tmp}/ck", "checkpoint.save_interval=5", "checkpoint.interval_policy=young_daly"],
      "checkpoint.expected_mtbf_hours: must be set (hours > 0) with checkpoint.interval_policy='young_daly': it is "
      "the failure rate until the run has measured its own, got None", ALL),
+    # the data-parallel strategy: what Megatron-LM refuses, then what this package's trainer runs (issue 33)
+    (["parallel.data_parallel_strategy=zero3"],
+     "parallel.data_parallel_strategy: must be one of ['ddp', 'torch_fsdp2', 'megatron_fsdp'], got 'zero3'", ALL),
+    (["parallel.data_parallel_sharding_strategy=full"],
+     "parallel.data_parallel_sharding_strategy: must be one of ['no_shard', 'optim', 'optim_grads', "
+     "'optim_grads_params'], got 'full'", ALL),
+    (["parallel.data_parallel_sharding_strategy=optim"],
+     "parallel.data_parallel_sharding_strategy: needs parallel.data_parallel_strategy='megatron_fsdp' (ddp shards "
+     "the optimizer state with parallel.use_distributed_optimizer; torch_fsdp2 shards everything), got 'optim'", ALL),
+    (["parallel.data_parallel_strategy=torch_fsdp2", "parallel.pipeline_model_parallel_size=2"],
+     "parallel.pipeline_model_parallel_size: must be 1 with parallel.data_parallel_strategy='torch_fsdp2' "
+     "(Megatron-LM has no pipeline parallelism with torch FSDP2; use data_parallel_strategy 'ddp' or "
+     "'megatron_fsdp'), got 2", ALL),
+    (["parallel.data_parallel_strategy=torch_fsdp2", "parallel.use_distributed_optimizer=true"],
+     "parallel.use_distributed_optimizer: must be false with parallel.data_parallel_strategy='torch_fsdp2' (FSDP2 "
+     "shards the optimizer state itself; Megatron-LM refuses both), got True", ALL),
+    (["parallel.data_parallel_strategy=torch_fsdp2", "model.precision=fp16"],
+     "model.precision: must be 'fp32' or 'bf16' with parallel.data_parallel_strategy='torch_fsdp2' (Megatron-LM "
+     "has no fp16 loss scaling with torch FSDP2), got 'fp16'", ALL),
+    (["parallel.data_parallel_strategy=torch_fsdp2"],
+     "model.share_embeddings_and_output_weights: must be false with parallel.data_parallel_strategy='torch_fsdp2' "
+     "(a tied embedding fails in FSDP2's forward; Megatron-LM requires --untie-embeddings-and-output-weights), "
+     "got True", ALL),
+    (["parallel.data_parallel_strategy=megatron_fsdp", "checkpoint.ckpt_format=torch_dist"],
+     "checkpoint.ckpt_format: must be 'fsdp_dtensor' (or null) with parallel.data_parallel_strategy="
+     "'megatron_fsdp': the only format Megatron-FSDP checkpoints in, got 'torch_dist'", ALL),
+    (["checkpoint.ckpt_format=fsdp_dtensor"],
+     "checkpoint.ckpt_format: must be 'torch_dist' (or null) with parallel.data_parallel_strategy='ddp': "
+     "'fsdp_dtensor' holds Megatron-FSDP's shards (parallel.data_parallel_strategy='megatron_fsdp'), "
+     "got 'fsdp_dtensor'", ALL),
+    (["checkpoint.ckpt_format=zip"],
+     "checkpoint.ckpt_format: must be one of ['torch_dist', 'fsdp_dtensor'], got 'zip'", ALL),
+    (["parallel.data_parallel_strategy=megatron_fsdp", "parallel.data_parallel_sharding_strategy=optim"],
+     "parallel.data_parallel_strategy: 'megatron_fsdp' is not supported by this package's trainer yet (it runs "
+     "['ddp']); use parallel.data_parallel_strategy='ddp' with parallel.use_distributed_optimizer=true (the "
+     "optimizer state sharded over the data-parallel ranks), got 'megatron_fsdp'", ALL),
     (["data.tokenizer=sentencepiece"], "data.tokenizer: must be one of ['null', 'gpt2'], got 'sentencepiece'", ALL),
     (["data.tokenizer=gpt2"], "data.tokenizer: 'gpt2' needs data.vocab_file and data.merge_file, got 'gpt2'", ALL),
     (["data.split=90,10"],

@@ -29,6 +29,9 @@ from megatron_resilience.config.validate import (
 )
 
 INTERVAL_POLICIES = ("fixed", "young_daly")
+# Megatron-LM's --ckpt-format values this trainer writes: torch_dist (dist_checkpointing; DDP and torch FSDP2) and
+# fsdp_dtensor (torch distributed checkpoint of Megatron-FSDP's DTensors, the only format Megatron-FSDP saves).
+CKPT_FORMATS = ("torch_dist", "fsdp_dtensor")
 
 
 @dataclass(kw_only=True)
@@ -59,6 +62,8 @@ class CheckpointConfig:
     # The job's expected mean time between failures, in hours: young_daly's M until the run has seen 3 failures
     # (the report also uses it for E*). Required with young_daly.
     expected_mtbf_hours: float | None = None
+    # None -> the data-parallel strategy's format: fsdp_dtensor for megatron_fsdp, torch_dist otherwise
+    ckpt_format: str | None = None
 
     def __post_init__(self) -> None:
         check_types(self, "checkpoint")
@@ -95,6 +100,8 @@ class CheckpointConfig:
         if self.replication_jump is not None and self.replication_factor == 1:
             fail("checkpoint.replication_jump", "needs checkpoint.replication_factor > 1", self.replication_jump)
         check_choice("checkpoint.interval_policy", self.interval_policy, INTERVAL_POLICIES)
+        if self.ckpt_format is not None:
+            check_choice("checkpoint.ckpt_format", self.ckpt_format, CKPT_FORMATS)
         check_positive("checkpoint.expected_mtbf_hours", self.expected_mtbf_hours, allow_none=True)
         if self.interval_policy == "young_daly":
             if self.expected_mtbf_hours is None:

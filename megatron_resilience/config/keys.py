@@ -36,6 +36,9 @@ MEANING = {
     "parallel.pipeline_model_parallel_size": "PP: pipeline stages (must divide num_layers)",
     "parallel.sequence_parallel": "split layer norms and dropout over TP ranks (needs TP > 1)",
     "parallel.use_distributed_optimizer": "shard optimizer state over data-parallel ranks",
+    "parallel.data_parallel_strategy": "ddp, torch_fsdp2 or megatron_fsdp: what the data-parallel ranks shard",
+    "parallel.data_parallel_sharding_strategy": "megatron_fsdp: no_shard, optim, optim_grads or optim_grads_params; "
+                                                "null = optim_grads_params",
     "data.data_path": "indexed dataset prefixes (PREFIX.bin/.idx) or a weighted blend; empty = mock data",
     "data.split": "train,valid,test weights, e.g. 969,30,1",
     "data.tokenizer": "null (token ids as they are) or gpt2 (needs vocab_file and merge_file)",
@@ -89,6 +92,7 @@ MEANING = {
     "checkpoint.replication_jump": "rank distance to a replica; null = ranks per node (another node)",
     "checkpoint.interval_policy": "fixed (every save_interval steps) or young_daly (the trainer picks Daly's optimum)",
     "checkpoint.expected_mtbf_hours": "the job's expected mean time between failures; young_daly's M until measured",
+    "checkpoint.ckpt_format": "torch_dist or fsdp_dtensor (megatron_fsdp's); null = the data-parallel strategy's",
     "ft.enabled": "report to nvidia-resiliency-ext's rank monitor (under ft_launcher)",
     "ft.mode": "sections (setup/step/checkpointing timeouts) or heartbeats",
     "ft.calc_ft_timeouts": "learn timeouts from the run and keep them in ft_state.json",

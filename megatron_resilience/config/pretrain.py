@@ -66,6 +66,33 @@ class PretrainConfig:
         if self.optim.lr_warmup_steps > self.train.max_steps:
             fail("optim.lr_warmup_steps", f"must be <= train.max_steps={self.train.max_steps}",
                  self.optim.lr_warmup_steps)
+        self._check_data_parallel_strategy()
+
+    def _check_data_parallel_strategy(self) -> None:
+        """What each data-parallel strategy needs of the other sections, as Megatron-LM refuses it."""
+        strategy = self.parallel.data_parallel_strategy
+        named = f"parallel.data_parallel_strategy={strategy!r}"
+        if strategy == "torch_fsdp2":
+            if self.model.precision == "fp16":
+                fail("model.precision", f"must be 'fp32' or 'bf16' with {named} (Megatron-LM has no fp16 loss "
+                     "scaling with torch FSDP2)", self.model.precision)
+            if self.model.share_embeddings_and_output_weights:
+                fail("model.share_embeddings_and_output_weights", f"must be false with {named} (a tied embedding "
+                     "fails in FSDP2's forward; Megatron-LM requires --untie-embeddings-and-output-weights)", True)
+        fmt = self.checkpoint.ckpt_format
+        if strategy == "megatron_fsdp" and fmt not in (None, "fsdp_dtensor"):
+            fail("checkpoint.ckpt_format", f"must be 'fsdp_dtensor' (or null) with {named}: the only format "
+                 "Megatron-FSDP checkpoints in", fmt)
+        if strategy != "megatron_fsdp" and fmt == "fsdp_dtensor":
+            fail("checkpoint.ckpt_format", f"must be 'torch_dist' (or null) with {named}: 'fsdp_dtensor' holds "
+                 "Megatron-FSDP's shards (parallel.data_parallel_strategy='megatron_fsdp')", fmt)
+
+    @property
+    def ckpt_format(self) -> str:
+        """The format checkpoints are written in: the key, or the data-parallel strategy's format."""
+        if self.checkpoint.ckpt_format is not None:
+            return self.checkpoint.ckpt_format
+        return "fsdp_dtensor" if self.parallel.data_parallel_strategy == "megatron_fsdp" else "torch_dist"
 
     def validate_world_size(self, world_size: int) -> int:
         """Checks that need the job's size; returns the data-parallel size. Called by plugins and the runtime."""

@@ -1,0 +1,106 @@
+"""The data-parallel strategy (issue 33): ``parallel.data_parallel_strategy`` and
+``parallel.data_parallel_sharding_strategy`` through the Python API, the recipes and their overrides, and the
+refusals that depend on the installed megatron-core (``upstream/fsdp.py``). The messages every interface answers
+with (CLI, preview, the trainer's command line) are in ``tests/validation_cases.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_resilience.config import CheckpointConfig, ConfigError, ModelConfig, PretrainConfig
+from megatron_resilience.config.parallel import ParallelConfig
+from megatron_resilience.recipes import apply_overrides, gpt_126m, gpt_tiny, to_config, validate
+from megatron_resilience.upstream.fsdp import check_data_parallel_strategy, strategy_refusal
+from megatron_resilience.upstream.versions import package_version
+
+NOT_YET = ("parallel.data_parallel_strategy: {!r} is not supported by this package's trainer yet (it runs ['ddp']); "
+           "use parallel.data_parallel_strategy='ddp' with parallel.use_distributed_optimizer=true (the optimizer "
+           "state sharded over the data-parallel ranks), got {!r}")
+WRONG_GRADIENTS = ("parallel.data_parallel_strategy: 'megatron_fsdp' at data-parallel size 1 computes wrong "
+                   "gradients on megatron-core {} (grad norm 2x to 3.14x DDP's; correct from megatron-core 0.19); "
+                   "use 'ddp' or more data-parallel ranks, got 'megatron_fsdp'")
+
+
+def test_defaults_keep_todays_ddp():
+    config = PretrainConfig(run_dir="/tmp/r")
+    assert config.parallel.data_parallel_strategy == "ddp"
+    assert config.parallel.data_parallel_sharding_strategy is None and config.parallel.sharding_strategy is None
+    assert config.ckpt_format == "torch_dist"
+    check_data_parallel_strategy(config, 2)  # accepted
+
+
+def test_python_api_is_keyword_only_and_validates():
+    with pytest.raises(TypeError):
+        ParallelConfig(1, 1)  # the dataclass is keyword-only
+    parallel = ParallelConfig(data_parallel_strategy="megatron_fsdp")
+    assert parallel.sharding_strategy == "optim_grads_params"  # Megatron-Bridge's perf recipes' choice
+    assert ParallelConfig(data_parallel_strategy="megatron_fsdp",
+                          data_parallel_sharding_strategy="optim").sharding_strategy == "optim"
+    config = PretrainConfig(run_dir="/tmp/r", parallel=parallel)
+    assert config.ckpt_format == "fsdp_dtensor"  # the strategy's format when checkpoint.ckpt_format is null
+    config = PretrainConfig(run_dir="/tmp/r", parallel=parallel,
+                            checkpoint=CheckpointConfig(ckpt_format="fsdp_dtensor"))
+    assert config.ckpt_format == "fsdp_dtensor"
+    with pytest.raises(ConfigError) as err:
+        ParallelConfig(data_parallel_strategy="fsdp")
+    assert str(err.value) == ("parallel.data_parallel_strategy: must be one of ['ddp', 'torch_fsdp2', "
+                              "'megatron_fsdp'], got 'fsdp'")
+    with pytest.raises(ConfigError) as err:
+        ParallelConfig(data_parallel_strategy=2)
+    assert str(err.value).startswith("parallel.data_parallel_strategy: must be")
+
+
+def test_torch_fsdp2_untied_passes_the_config_checks():
+    """What upstream accepts passes the config; only the trainer's own support refuses it (below)."""
+    config = PretrainConfig(run_dir="/tmp/r", parallel=ParallelConfig(data_parallel_strategy="torch_fsdp2"),
+                            model=ModelConfig(share_embeddings_and_output_weights=False, precision="bf16"))
+    assert config.ckpt_format == "torch_dist"
+    with pytest.raises(ConfigError) as err:
+        check_data_parallel_strategy(config, 2)
+    assert str(err.value) == NOT_YET.format("torch_fsdp2", "torch_fsdp2")
+
+
+@pytest.mark.parametrize("version, dp, expected", [
+    ((0, 16, 1), 1, WRONG_GRADIENTS.format("0.16.1")),
+    ((0, 18, 0), 1, WRONG_GRADIENTS.format("0.18.0")),
+    ((0, 16, 1), 2, NOT_YET.format("megatron_fsdp", "megatron_fsdp")),
+    ((0, 19, 2), 1, NOT_YET.format("megatron_fsdp", "megatron_fsdp")),
+    (None, 1, NOT_YET.format("megatron_fsdp", "megatron_fsdp")),  # no megatron-core here: the trainer checks again
+])
+def test_megatron_fsdp_at_dp1_is_refused_by_version(version, dp, expected):
+    assert strategy_refusal("megatron_fsdp", dp, version) == expected
+    assert strategy_refusal("ddp", dp, version) is None
+
+
+def test_the_installed_megatron_core_decides_at_dp1(tmp_path):
+    """TP=2 on 2 ranks: data-parallel size 1, refused for wrong gradients below 0.19 (the .venv's 0.16.1)."""
+    task = apply_overrides(gpt_tiny(dir=str(tmp_path)), ["parallel.tensor_model_parallel_size=2",
+                                                         "parallel.data_parallel_strategy=megatron_fsdp"])
+    version = package_version("megatron-core")
+    expected = WRONG_GRADIENTS.format(".".join(map(str, version))) if version < (0, 19) else \
+        NOT_YET.format("megatron_fsdp", "megatron_fsdp")
+    with pytest.raises(ConfigError) as err:
+        validate(task, num_nodes=1, num_gpus_per_node=2)
+    assert str(err.value) == expected
+
+
+def test_recipe_overrides_reach_the_config(tmp_path):
+    task = apply_overrides(gpt_126m(dir=str(tmp_path)), [
+        "parallel.data_parallel_strategy=megatron_fsdp", "parallel.data_parallel_sharding_strategy=optim_grads",
+        "checkpoint.ckpt_format=fsdp_dtensor"])
+    config = to_config(task)
+    assert (config.parallel.data_parallel_strategy, config.parallel.sharding_strategy, config.ckpt_format) == \
+        ("megatron_fsdp", "optim_grads", "fsdp_dtensor")
+    with pytest.raises(ConfigError) as err:
+        validate(task, num_nodes=1, num_gpus_per_node=8)
+    assert str(err.value) == NOT_YET.format("megatron_fsdp", "megatron_fsdp")
+    # set in Python on the recipe, as a user would
+    task = gpt_126m(dir=str(tmp_path))
+    task.parallel.data_parallel_strategy = "torch_fsdp2"
+    task.parallel.use_distributed_optimizer = True
+    with pytest.raises(ConfigError) as err:
+        to_config(task)
+    assert str(err.value).startswith("parallel.use_distributed_optimizer: must be false with "
+                                     "parallel.data_parallel_strategy='torch_fsdp2'")
+
