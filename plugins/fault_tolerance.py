@@ -51,6 +51,7 @@ from megatron_resilience.plugins import (
     in_job_restarts,
     inprocess_restart,
     job_ports,
+    megatron_lm_flags,
     node_range,
 )
 from megatron_resilience.plugins._executor import (
@@ -221,7 +222,8 @@ class FaultTolerancePlugin(run.Plugin):
         place = ft_config_delivery.job_place(executor, profile)
         features = self if policy == self.restart_policy else dataclasses.replace(self, restart_policy=policy)
         extras = ft_features.render(features, version, source, profile, trainer_paths(target), place)
-        yaml_text = ft_config.render_yaml({**ft_config.ft_settings(self, mode), **extras.yaml})
+        yaml_text = ft_config.render_yaml({**ft_config.ft_settings(self, mode), **extras.yaml,
+                                           **megatron_lm_flags.learned_timeout_settings(target, NAME)})
         path = ft_config_delivery.ship(executor, profile, version, yaml_text, extras)
         if path is not None:
             self._set_env(executor, ft_cfg_path_env(version), path)

@@ -3,7 +3,8 @@
 * our trainer: ``ft.enabled``, ``ft.calc_ft_timeouts`` (and ``ft.mode`` when the plugin sets one); the mode
   is the trainer's;
 * a Megatron-LM / Megatron-Bridge script (or any script with ``script_args_converter_fn``): the converted
-  ``FaultTolerancePluginScriptArgs``; sections mode (what both report);
+  ``FaultTolerancePluginScriptArgs``; sections mode (what both report); Megatron-LM also ``--load`` when it gives
+  ``--save`` only (``megatron_lm_flags``);
 * a Megatron-Bridge ``run.Partial``: ``config.ft`` (created when None) as Bridge's plugin set it; sections;
 * a NeMo 2.0 ``run.Partial``: NeMo's ``FaultToleranceCallback(autoresume=True, calculate_timeouts=...,
   exp_dir=<log dir>)`` in ``trainer.callbacks``, and heartbeats mode: that callback sends heartbeats only,
@@ -17,7 +18,7 @@ import logging
 from typing import Any
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.plugins import partial_trainers
+from megatron_resilience.plugins import megatron_lm_flags, partial_trainers
 from megatron_resilience.plugins.script_args import FaultTolerancePluginScriptArgs
 from megatron_resilience.plugins.task_settings import TrainerTarget, append_script_args, warn_unknown_trainer
 
@@ -60,6 +61,7 @@ def enable_ft(plugin: Any, target: TrainerTarget, *, slurm: bool) -> str:
     elif target.converter is not None:
         append_script_args(target, NAME, FaultTolerancePluginScriptArgs(
             enable_ft_package=plugin.enable_ft_package, calc_ft_timeouts=plugin.calc_ft_timeouts))
+        megatron_lm_flags.ensure_load(target, NAME)
     else:
         warn_unknown_trainer(target, NAME, "talk to ft_launcher's rank monitor (nvidia-resiliency-ext's "
                              "RankMonitorClient: sections setup/step/checkpointing, or heartbeats with "

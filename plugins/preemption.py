@@ -44,7 +44,7 @@ from megatron_resilience.config.slurm_time import slurm_time_seconds
 from megatron_resilience.config.training import PREEMPTION_NOTICE_PROVIDERS
 from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.jobs.preemption_margin import preempt_time_warning
-from megatron_resilience.plugins import batch_decision, partial_trainers
+from megatron_resilience.plugins import batch_decision, megatron_lm_flags, partial_trainers
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
     claim,
@@ -235,6 +235,7 @@ class PreemptionPlugin(run.Plugin):
             append_script_args(target, NAME, PreemptionPluginScriptArgs(
                 enable_exit_handler=True, enable_exit_handler_for_data_loader=self.enable_exit_handler_for_data_loader,
                 exit_signal=self.signal))
+            megatron_lm_flags.ensure_load(target, NAME)  # a requeue after the signal resumes from --load only
         else:
             warn_unknown_trainer(target, NAME, f"save a checkpoint and exit 0 when it receives {self.signal} "
                                  f"(enable_exit_handler)")

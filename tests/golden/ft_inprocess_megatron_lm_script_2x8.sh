@@ -52,6 +52,7 @@ fault_tolerance:
   rank_out_of_section_timeout: 300.0
   rank_termination_signal: SIGKILL
   log_level: INFO
+  safety_factor: 20.0
 MEGATRON_RESILIENCE_FT_CFG
 # <<< megatron_resilience FaultTolerancePlugin ft_launcher config <<<
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher flags >>>

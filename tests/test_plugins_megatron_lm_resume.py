@@ -1,0 +1,104 @@
+"""What the plugins add to a Megatron-LM command line so that its restarts resume and its learned timeouts are
+bounded (plugins/megatron_lm_flags.py): exact argv in, exact argv, FT config line and log line out.
+
+Why each matters was measured with Megatron-LM's real trainer (megatron-core 0.19.2 under ft_launcher 0.7.0,
+FACTS.md): with ``--save`` alone a restarted group trained again from step 0; learned timeouts came out at 0.72 s
+per step with nvidia-resiliency-ext's safety factor 5. The lane ``make test-megatron-lm`` runs the trainer with
+what these tests pin.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from megatron_resilience.upstream import import_nemo_run
+
+run = import_nemo_run()
+
+from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
+
+LOGGER = "megatron_resilience.plugins"
+SCRIPT = "/opt/megatron-lm/pretrain_gpt.py"
+OWN = ["--micro-batch-size", "4", "--train-iters", "1000", "--save", "/lustre/ckpt", "--save-interval", "100"]
+LOAD_LINE = ("{plugin}: task args += ['--load', '/lustre/ckpt']: Megatron-LM resumes only from --load; with --save "
+             "alone every in-job restart and requeue would train again from step 0")
+FACTOR_LINE = ("FaultTolerancePlugin: FT config safety_factor=20.0 (nvidia-resiliency-ext's default 5.0): with "
+               "--calc-ft-timeouts Megatron-LM sets each section timeout to safety_factor x the longest interval it "
+               "saw, with no minimum (0.72 s per step measured with 5.0); the factor is the one bound ft_launcher "
+               "passes to the ranks")
+
+
+def slurm():
+    executor = run.SlurmExecutor(account="acct", time="01:00:00", tunnel=run.LocalTunnel(job_dir="/cluster/exp"))
+    executor.assign("job_1", "/cluster/exp/job_1", task_id="job", task_dir="job")
+    return executor
+
+
+def configured(args, *plugins, caplog, path=SCRIPT):
+    caplog.set_level(logging.INFO, LOGGER)
+    task, executor = run.Script(path=path, entrypoint="python", args=list(args)), slurm()
+    for plugin in plugins:
+        plugin.setup(task, executor)
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    return [str(a) for a in task.args], executor, messages
+
+
+def ft_yaml(executor) -> list[str]:
+    """The lines of the sbatch script's block that writes ft_launcher's FT config (``executor.setup_lines``)."""
+    return [line.strip() for line in (executor.setup_lines or "").splitlines() if ": " in line]
+
+
+def test_save_only_gets_load_from_both_plugins_once(caplog):
+    args, executor, messages = configured(OWN, FaultTolerancePlugin(), PreemptionPlugin(), caplog=caplog)
+    assert args == [*OWN, "--enable-ft-package", "--calc-ft-timeouts", "--load", "/lustre/ckpt",
+                    "--exit-signal-handler"]
+    assert LOAD_LINE.format(plugin="FaultTolerancePlugin") in messages
+    assert not any(m.startswith("PreemptionPlugin: task args += ['--load'") for m in messages)  # already there
+    assert "safety_factor: 20.0" in ft_yaml(executor) and FACTOR_LINE in messages
+
+
+def test_preemption_alone_adds_load_for_the_requeue(caplog):
+    args, _, messages = configured(OWN, PreemptionPlugin(), caplog=caplog)
+    assert args == [*OWN, "--exit-signal-handler", "--load", "/lustre/ckpt"]
+    assert LOAD_LINE.format(plugin="PreemptionPlugin") in messages
+
+
+@pytest.mark.parametrize("given", [["--load", "/lustre/other"], ["--load=/lustre/other"]])
+def test_a_load_of_the_users_own_is_kept(caplog, given):
+    args, _, messages = configured([*OWN, *given], FaultTolerancePlugin(), caplog=caplog)
+    assert args == [*OWN, *given, "--enable-ft-package", "--calc-ft-timeouts"]
+    assert not any("--load" in m and "task args +=" in m for m in messages)
+
+
+def test_save_given_with_equals_sign(caplog):
+    own = ["--train-iters", "1000", "--save=/lustre/ckpt"]
+    args, _, _ = configured(own, FaultTolerancePlugin(), caplog=caplog)
+    assert args == [*own, "--enable-ft-package", "--calc-ft-timeouts", "--load", "/lustre/ckpt"]
+
+
+def test_no_save_no_load(caplog):
+    own = ["--train-iters", "1000", "--micro-batch-size", "4"]
+    args, _, _ = configured(own, PreemptionPlugin(), caplog=caplog)
+    assert args == [*own, "--exit-signal-handler"]
+
+
+def test_timeouts_not_learned_keep_nvrx_factor(caplog):
+    args, executor, messages = configured(OWN, FaultTolerancePlugin(calc_ft_timeouts=False), caplog=caplog)
+    assert args == [*OWN, "--enable-ft-package", "--load", "/lustre/ckpt"]
+    assert not any(line.startswith("safety_factor") for line in ft_yaml(executor))
+    assert FACTOR_LINE not in messages
+
+
+def test_users_own_calc_ft_timeouts_gets_the_factor(caplog):
+    own = [*OWN, "--calc-ft-timeouts"]
+    _, executor, messages = configured(own, FaultTolerancePlugin(calc_ft_timeouts=False), caplog=caplog)
+    assert "safety_factor: 20.0" in ft_yaml(executor) and FACTOR_LINE in messages
+
+
+def test_a_bridge_script_is_not_touched(caplog):
+    own = ["--recipe", "llama32_1b_pretrain_config", "checkpoint.save=/lustre/ckpt"]
+    args, executor, messages = configured(own, FaultTolerancePlugin(), PreemptionPlugin(), caplog=caplog,
+                                          path="scripts/training/run_recipe.py")
+    assert "--load" not in args and not any(line.startswith("safety_factor") for line in ft_yaml(executor))
