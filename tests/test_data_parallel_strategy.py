@@ -14,9 +14,10 @@ from megatron_resilience.recipes import apply_overrides, gpt_126m, gpt_tiny, to_
 from megatron_resilience.upstream.fsdp import check_data_parallel_strategy, strategy_refusal
 from megatron_resilience.upstream.versions import package_version
 
-NOT_YET = ("parallel.data_parallel_strategy: {!r} is not supported by this package's trainer yet (it runs ['ddp']); "
-           "use parallel.data_parallel_strategy='ddp' with parallel.use_distributed_optimizer=true (the optimizer "
-           "state sharded over the data-parallel ranks), got {!r}")
+NOT_YET = ("parallel.data_parallel_strategy: {!r} is not supported by this package's trainer yet (it runs ['ddp', "
+           "'torch_fsdp2']); use parallel.data_parallel_strategy='torch_fsdp2' (weights, gradients and optimizer "
+           "state sharded) or 'ddp' with parallel.use_distributed_optimizer=true (the optimizer state sharded), "
+           "got {!r}")
 WRONG_GRADIENTS = ("parallel.data_parallel_strategy: 'megatron_fsdp' at data-parallel size 1 computes wrong "
                    "gradients on megatron-core {} (grad norm 2x to 3.14x DDP's; correct from megatron-core 0.19); "
                    "use 'ddp' or more data-parallel ranks, got 'megatron_fsdp'")
@@ -51,14 +52,37 @@ def test_python_api_is_keyword_only_and_validates():
     assert str(err.value).startswith("parallel.data_parallel_strategy: must be")
 
 
-def test_torch_fsdp2_untied_passes_the_config_checks():
-    """What upstream accepts passes the config; only the trainer's own support refuses it (below)."""
+def test_torch_fsdp2_untied_is_accepted():
     config = PretrainConfig(run_dir="/tmp/r", parallel=ParallelConfig(data_parallel_strategy="torch_fsdp2"),
                             model=ModelConfig(share_embeddings_and_output_weights=False, precision="bf16"))
     assert config.ckpt_format == "torch_dist"
-    with pytest.raises(ConfigError) as err:
-        check_data_parallel_strategy(config, 2)
-    assert str(err.value) == NOT_YET.format("torch_fsdp2", "torch_fsdp2")
+    check_data_parallel_strategy(config, 2)
+    assert strategy_refusal("torch_fsdp2", 1, (0, 16, 1)) is None
+
+
+@pytest.mark.parametrize("parallel, bytes_per_param, sharded", [
+    ({}, 18.0, ""),
+    ({"use_distributed_optimizer": True}, 6 + 12 / 8, "optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "torch_fsdp2"}, 18 / 8, "weights, gradients, optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "no_shard"}, 18.0, ""),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim"}, 6 + 12 / 8,
+     "optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim_grads"}, 2 + 16 / 8,
+     "gradients, optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp"}, 18 / 8, "weights, gradients, optimizer state sharded over 8"),
+])
+def test_the_memory_estimate_knows_what_each_strategy_shards(parallel, bytes_per_param, sharded):
+    """bf16 on 8 ranks: 2 bytes of weights, 4 of fp32 gradients, 12 of master weights and Adam moments."""
+    from megatron_resilience.config.memory import estimate
+
+    config = PretrainConfig(run_dir="/tmp/r", parallel=ParallelConfig(**parallel),
+                            model=ModelConfig(share_embeddings_and_output_weights=False, precision="bf16"))
+    est = estimate(config, 8)
+    assert est.bytes_per_param == bytes_per_param
+    assert est.why_bytes == "bf16 weights with fp32 gradients and master weights and Adam state" + (
+        f", {sharded} data-parallel ranks" if sharded else "")
+    layer = est.layer_params / config.model.num_layers
+    assert est.gathered == (layer * 6 if sharded.startswith("weights") else 0.0)  # one layer gathered whole
 
 
 @pytest.mark.parametrize("version, dp, expected", [

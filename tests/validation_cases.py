@@ -106,8 +106,9 @@ TASK_CASES = [
      "checkpoint.ckpt_format: must be one of ['torch_dist', 'fsdp_dtensor'], got 'zip'", ALL),
     (["parallel.data_parallel_strategy=megatron_fsdp", "parallel.data_parallel_sharding_strategy=optim"],
      "parallel.data_parallel_strategy: 'megatron_fsdp' is not supported by this package's trainer yet (it runs "
-     "['ddp']); use parallel.data_parallel_strategy='ddp' with parallel.use_distributed_optimizer=true (the "
-     "optimizer state sharded over the data-parallel ranks), got 'megatron_fsdp'", ALL),
+     "['ddp', 'torch_fsdp2']); use parallel.data_parallel_strategy='torch_fsdp2' (weights, gradients and optimizer "
+     "state sharded) or 'ddp' with parallel.use_distributed_optimizer=true (the optimizer state sharded), "
+     "got 'megatron_fsdp'", ALL),
     (["data.tokenizer=sentencepiece"], "data.tokenizer: must be one of ['null', 'gpt2'], got 'sentencepiece'", ALL),
     (["data.tokenizer=gpt2"], "data.tokenizer: 'gpt2' needs data.vocab_file and data.merge_file, got 'gpt2'", ALL),
     (["data.split=90,10"],
@@ -164,7 +165,8 @@ TASK_CASES = [
      "pipeline stage x 16 bytes for fp32 weights and gradients and Adam state = 9.54e+08 GiB, + activations of at "
      "least 0.00208 GiB), more than train.gpu_memory_gib=80; make it smaller, split it over more ranks "
      "(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size), shard the optimizer "
-     "(parallel.use_distributed_optimizer=true), or set train.gpu_memory_gib to the GPUs' memory, got "
+     "(parallel.use_distributed_optimizer=true) or the weights and gradients too "
+     "(parallel.data_parallel_strategy='torch_fsdp2'), or set train.gpu_memory_gib to the GPUs' memory, got "
      "1000000000000000", ALL),
     (["train.gpu_memory_gib=0"], "train.gpu_memory_gib: must be a number > 0, got 0.0", ALL),
     # keys: the Python side cannot hold an unknown key (Fiddle rejects the attribute, see below)

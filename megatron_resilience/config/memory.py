@@ -11,7 +11,9 @@ Transformer Models") is enough to reject what cannot fit, and is computed here f
   output layer when it is not tied or there is one stage;
 * bytes per parameter: bf16/fp16 weights with fp32 gradients, fp32 master weights and Adam's two moments:
   18 (Megatron-LM's figure), or 6 + 12 / DP with ``parallel.use_distributed_optimizer``; fp32: 16, or
-  8 + 8 / DP; SGD keeps one momentum instead of two moments (4 bytes less, sharded alike);
+  8 + 8 / DP; SGD keeps one momentum instead of two moments (4 bytes less, sharded alike). FSDP divides what it
+  shards by DP too (``sharded_parts``): torch FSDP2 all of it (18 / DP), Megatron-FSDP what its sharding strategy
+  names; a sharded model also gathers one layer whole at a time (its weights, and its gradients in the backward);
 * activations, a lower bound: ``s b h (10 + 24 / TP)`` bytes per layer (``34 / TP`` with sequence
   parallelism), 2-byte values (twice that in fp32), times the layers of the stage and the micro-batches in
   flight (min(PP, micro-batches per step)); the attention scores are left out (flash and SDPA kernels do not
@@ -42,6 +44,8 @@ class MemoryEstimate:
     bytes_per_param: float
     activations: float  # bytes, lower bound
     why_bytes: str
+    gathered: float = 0.0  # bytes: one layer's weights and gradients gathered whole (FSDP), else 0
+
 
     @property
     def params(self) -> float:
@@ -49,20 +53,52 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
-        return self.params * self.bytes_per_param + self.activations
+        return self.params * self.bytes_per_param + self.activations + self.gathered
+
+
+# What each data-parallel strategy shards over the data-parallel ranks: (weights, gradients, master weights and
+# optimizer state). ddp shards the last with the distributed optimizer; torch FSDP2 shards all three; Megatron-FSDP
+# what its sharding strategy names (parallel.data_parallel_sharding_strategy).
+_SHARDED = {
+    "no_shard": (False, False, False),
+    "optim": (False, False, True),
+    "optim_grads": (False, True, True),
+    "optim_grads_params": (True, True, True),
+}
+
+
+def sharded_parts(parallel: Any) -> tuple[bool, bool, bool]:
+    """(weights, gradients, optimizer state) sharded over the data-parallel ranks, for ``parallel``'s strategy."""
+    strategy = parallel.data_parallel_strategy
+    if strategy == "torch_fsdp2":
+        return _SHARDED["optim_grads_params"]
+    if strategy == "megatron_fsdp":
+        return _SHARDED[parallel.sharding_strategy]
+    return _SHARDED["optim" if parallel.use_distributed_optimizer else "no_shard"]
 
 
 def _bytes_per_param(config: Any, dp: int) -> tuple[float, str]:
     mixed = config.model.precision in ("bf16", "fp16")
     state = 8.0 if config.optim.optimizer == "adam" else 4.0  # Adam: two fp32 moments; SGD: one momentum
     master = 4.0 if mixed else 0.0  # fp32 master weights next to bf16/fp16 ones
-    weights_and_grads = 2.0 + 4.0 if mixed else 4.0 + 4.0
-    sharded = master + state
+    weights, grads_bytes = (2.0, 4.0) if mixed else (4.0, 4.0)
     grads = " with fp32 gradients and master weights" if mixed else " and gradients"
     what = f"{config.model.precision} weights{grads} and {'Adam' if config.optim.optimizer == 'adam' else 'SGD'} state"
-    if config.parallel.use_distributed_optimizer:
-        return weights_and_grads + sharded / dp, f"{what}, sharded over {dp} data-parallel ranks"
-    return weights_and_grads + sharded, what
+    parts = sharded_parts(config.parallel)
+    total = sum(size / dp if shard else size for size, shard in zip((weights, grads_bytes, master + state), parts))
+    names = [name for name, shard in zip(("weights", "gradients", "optimizer state"), parts) if shard]
+    if names:
+        return total, f"{what}, {', '.join(names)} sharded over {dp} data-parallel ranks"
+    return total, what
+
+
+def _gathered_layer(config: Any, layer_params: float) -> float:
+    """Bytes of one transformer layer gathered whole while it computes, when the weights are sharded (FSDP)."""
+    if not sharded_parts(config.parallel)[0] or not config.model.num_layers:
+        return 0.0
+    mixed = config.model.precision in ("bf16", "fp16")
+    per_layer = layer_params / max(1, config.model.num_layers // config.parallel.pipeline_model_parallel_size)
+    return per_layer * ((2.0 + 4.0) if mixed else (4.0 + 4.0))  # its weights and, in the backward, its gradients
 
 
 def estimate(config: Any, world_size: int) -> MemoryEstimate:
@@ -83,7 +119,7 @@ def estimate(config: Any, world_size: int) -> MemoryEstimate:
                    * (m.num_layers // pp) * in_flight)
     bpp, why = _bytes_per_param(config, dp)
     return MemoryEstimate(embedding_params=embedding, layer_params=layers, bytes_per_param=bpp,
-                          activations=activations, why_bytes=why)
+                          activations=activations, why_bytes=why, gathered=_gathered_layer(config, layers))
 
 
 def _gib(x: float) -> str:
@@ -100,7 +136,8 @@ def check_memory(config: Any, world_size: int) -> MemoryEstimate | None:
     states = est.params * est.bytes_per_param
     text = (f"about {_gib(est.total)} per rank ({est.params:.3g} parameters on the first pipeline stage x "
             f"{est.bytes_per_param:.3g} bytes for {est.why_bytes} = {_gib(states)}, + activations of at least "
-            f"{_gib(est.activations)})")
+            f"{_gib(est.activations)}"
+            + (f", + {_gib(est.gathered)} for the layer FSDP gathers" if est.gathered else "") + ")")
     if est.total > budget:
         m = config.model
         if est.activations > states:
@@ -113,7 +150,8 @@ def check_memory(config: Any, world_size: int) -> MemoryEstimate | None:
             f"{key}: the model does not fit: {text}, more than train.gpu_memory_gib={budget_gib:g}; make it smaller, "
             f"split it over more ranks "
             f"(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size), shard the optimizer "
-            f"(parallel.use_distributed_optimizer=true), or set train.gpu_memory_gib to the GPUs' memory, "
+            f"(parallel.use_distributed_optimizer=true) or the weights and gradients too "
+            f"(parallel.data_parallel_strategy='torch_fsdp2'), or set train.gpu_memory_gib to the GPUs' memory, "
             f"got {value!r}")
     if est.total > NEAR * budget:
         log.warning("memory: near the limit: %s, %.0f%% of train.gpu_memory_gib=%g; a larger micro-batch or "

@@ -291,13 +291,29 @@ def loading_template(state: TrainState, saved_metadata: dict[str, Any] | None, *
     return template
 
 
+def _is_torch_fsdp2(state: TrainState) -> bool:
+    try:
+        from megatron.core.distributed import TorchFullyShardedDataParallel
+    except ImportError:
+        return False
+    return isinstance(state.model[0], TorchFullyShardedDataParallel)
+
+
 def apply_loaded(state: TrainState, loaded: dict[str, Any]) -> None:
-    """Copy a loaded state dict into the live model, optimizer, scheduler, RNG and counters."""
-    for key, chunk in zip(_model_keys(state), state.model):
-        unwrap(chunk).load_state_dict(loaded[key], strict=True)
-    with torch.no_grad():  # DistributedOptimizer copies into views of fp32 params that require grad
-        state.optimizer.load_state_dict(loaded["optimizer"])
-    _restore_adam_steps(state.optimizer)
+    """Copy a loaded state dict into the live model, optimizer, scheduler, RNG and counters.
+
+    torch FSDP2: the loader has written the parameters' and Adam moments' local shards in place (the template held
+    them); only the Adam steps are restored (``upstream/torch_fsdp2.py``)."""
+    if _is_torch_fsdp2(state):
+        from megatron_resilience.upstream import torch_fsdp2
+
+        torch_fsdp2.restore_adam_steps(state.optimizer, loaded["optimizer"])
+    else:
+        for key, chunk in zip(_model_keys(state), state.model):
+            unwrap(chunk).load_state_dict(loaded[key], strict=True)
+        with torch.no_grad():  # DistributedOptimizer copies into views of fp32 params that require grad
+            state.optimizer.load_state_dict(loaded["optimizer"])
+        _restore_adam_steps(state.optimizer)
     state.scheduler.load_state_dict(loaded["scheduler"])
     state.step = int(loaded["step"])
     state.consumed_samples = int(loaded["consumed_samples"])

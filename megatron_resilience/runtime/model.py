@@ -1,4 +1,5 @@
-"""The Megatron-Core GPT model, wrapped in Megatron DDP, for this rank's pipeline stage."""
+"""The Megatron-Core GPT model, wrapped in Megatron DDP or torch FSDP2 (``parallel.data_parallel_strategy``), for
+this rank's pipeline stage."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def transformer_config(config: PretrainConfig, dist: DistInfo):
         bf16=m.precision == "bf16",
         fp16=m.precision == "fp16",
         use_cpu_initialization=dist.is_cpu,
+        # torch FSDP2 shards each transformer layer; with Transformer Engine's implementation it would also shard
+        # the linears inside an already sharded layer ("Invariant encountered: value was None"): the local one
+        **({"transformer_impl": "local"} if p.data_parallel_strategy == "torch_fsdp2" else {}),
     )
 
 
@@ -57,6 +61,12 @@ def _importable(name: str) -> bool:
 def resolve_attention_backend(config: PretrainConfig, dist: DistInfo) -> str:
     """``model.attention_backend`` -> "te", "sdpa" or "unfused" for this device (auto: te on a GPU with TE)."""
     requested = config.model.attention_backend
+    if config.parallel.data_parallel_strategy == "torch_fsdp2":  # the local layer spec (transformer_config)
+        if requested == "te":
+            raise ConfigError("model.attention_backend: 'te' needs Transformer Engine's layer spec, which torch FSDP2 "
+                              "cannot shard (parallel.data_parallel_strategy='torch_fsdp2'); use 'auto' or 'sdpa', "
+                              "got 'te'")
+        return "sdpa" if requested == "auto" else requested
     if requested in ("auto", "te"):
         has_te = not dist.is_cpu and _importable("transformer_engine")
         if has_te:
@@ -135,7 +145,13 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
         check_for_nan_in_grad=check_grads,
     )
-    ddp = DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module)
+    if config.parallel.data_parallel_strategy == "torch_fsdp2":
+        from megatron_resilience.upstream import torch_fsdp2
+
+        ddp = torch_fsdp2.wrap(tconfig, ddp_config, module, device_type=dist.device.type)
+        torch_fsdp2.install_param_map_fix()
+    else:
+        ddp = DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module)
     tconfig.finalize_model_grads_func = finalize_model_grads
     tconfig.no_sync_func = ddp.no_sync
     if dist.rank == 0:

@@ -8,8 +8,8 @@ Facts measured on CPU with gloo, 2 ranks, a tiny GPT (issue 33):
 
 - megatron-core 0.16.1: Megatron-FSDP at data-parallel size 1 computes wrong gradients (grad norm 2x to 3.14x
   DDP's, losses diverge from step 2); 0.19.2 computes them right. Refused below 0.19 by version.
-- The trainer (``runtime/``) builds Megatron-Core DDP only so far: torch_fsdp2 and megatron_fsdp are refused with
-  the alternative named, never accepted and broken.
+- The trainer (``runtime/``) builds Megatron-Core DDP and torch FSDP2 (``upstream/torch_fsdp2.py``); megatron_fsdp
+  is refused with the alternatives named, never accepted and broken.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from megatron_resilience.upstream.versions import package_version
 # The first megatron-core whose Megatron-FSDP computes correct gradients at data-parallel size 1.
 MEGATRON_FSDP_DP1_CORRECT_FROM = (0, 19)
 # Strategies this package's trainer runs.
-TRAINER_STRATEGIES = ("ddp",)
+TRAINER_STRATEGIES = ("ddp", "torch_fsdp2")
 
-_ALTERNATIVE = ("use parallel.data_parallel_strategy='ddp' with parallel.use_distributed_optimizer=true (the "
-                "optimizer state sharded over the data-parallel ranks)")
+_ALTERNATIVE = ("use parallel.data_parallel_strategy='torch_fsdp2' (weights, gradients and optimizer state sharded) "
+                "or 'ddp' with parallel.use_distributed_optimizer=true (the optimizer state sharded)")
 
 
 def _version_text(version: tuple[int, ...]) -> str:
