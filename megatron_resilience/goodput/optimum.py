@@ -56,6 +56,13 @@ class Optimum:
     regret: float | None = None  # E* - E(tau)
     recommended_steps: int | None = None
     missing: str = ""  # why E* could not be computed
+    trainer: str = ""  # a foreign trainer read from its log (megatron_lm, megatron_bridge): its own flag is named
+
+    @property
+    def interval_setting(self) -> str:
+        """The setting a user changes to apply the recommendation, in the trainer's own words."""
+        return {"megatron_lm": "--save-interval", "megatron_bridge": "checkpoint.save_interval"}.get(
+            self.trainer, "checkpoint.save_interval")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +76,8 @@ def _user_mtbf(records: list[dict[str, Any]]) -> float | None:
 
 
 def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
-    out = Optimum()
+    out = Optimum(trainer=next((str(r["trainer"]) for r in records if r.get("kind") == "start" and r.get("trainer")),
+                               ""))
     saves = periodic_save_seconds(records)
     if saves:
         out.c = statistics.median(saves)
@@ -133,8 +141,9 @@ def format_optimum(o: Optimum, goodput: float) -> list[str]:
         lines.append(f"interval used: tau {s(o.tau)} expects {100 * o.e_used:.1f}% (regret "
                      f"{100 * o.regret:.1f} points of goodput vs the optimum)")
     if o.recommended_steps is not None:
-        lines.append(f"recommended: checkpoint.save_interval={o.recommended_steps} (Daly's {s(o.tau_daly)} at "
-                     f"{o.seconds_per_step:.3f}s/step), or checkpoint.interval_policy=young_daly")
+        ours = "" if o.trainer else ", or checkpoint.interval_policy=young_daly"
+        lines.append(f"recommended: {o.interval_setting}={o.recommended_steps} (Daly's {s(o.tau_daly)} at "
+                     f"{o.seconds_per_step:.3f}s/step){ours}")
     if o.missing:
         lines.append(o.missing)
     return lines

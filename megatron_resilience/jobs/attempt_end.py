@@ -14,6 +14,7 @@ from typing import Any
 from megatron_resilience.jobs import (
     attribution,
     finished,
+    megatron_log,
     preemption_margin,
     requeue_size,
     shared_node_history,
@@ -75,7 +76,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
     files = ev.scan_attempt(job_dir=cfg.job_dir, job_id=job_id, restart=restart, monitors=monitors,
                             batch_offset=int(start.get("batch_log_offset") or 0), cycle_info_dir=cfg.cycle_info_dir,
                             max_log_bytes=cfg.max_log_bytes)
-    records = ev.read_metrics(cfg.metrics)
+    records = ev.read_metrics(cfg.metrics) or foreign_records(ledger, files.files)
     mine = ev.attempt_records(records, job_id=job_id, restart=restart, since=start.get("time"), until=end_time)
     progress = ev.progress(records, mine, cfg.checkpoint_dir)
     stop_reason = ev.read_json(cfg.stop_reason)
@@ -127,6 +128,15 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
     if count is not None:
         record["node_count"] = count
     return Ending(cls, decision, record)
+
+
+def foreign_records(ledger: Ledger, files: list[str]) -> list[dict[str, Any]]:
+    """A trainer that writes no ``metrics.jsonl`` (Megatron-LM, Megatron-Bridge): its records read from its own
+    log lines (:mod:`.megatron_log`), over the chain's step logs so far (earlier attempts' steps tell which of this
+    one's were recomputed). [] for a log that is no such trainer's."""
+    named = [p for a in ledger.attempts() for p in a.get("log_files") or []] + list(files)
+    return megatron_log.records_from_logs([p for p in dict.fromkeys(named) if os.path.basename(p).startswith("log")
+                                           and os.path.exists(p)])
 
 
 def attribute(cls: Classification, signals: list, nodes: list[str], info: dict[str, dict[str, str]]) -> None:

@@ -16,6 +16,7 @@ import sys
 
 from megatron_resilience.config.paths import check_writable_dir
 from megatron_resilience.config.validate import ConfigError
+from megatron_resilience.jobs import megatron_log
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
 from megatron_resilience.records.ledger import LEDGER_FILE
@@ -34,7 +35,11 @@ RUN_FILES = (METRICS_FILE, LEDGER_FILE)  # what makes a folder a run: the traine
 
 
 def is_run_dir(path: str) -> bool:
-    return any(os.path.exists(os.path.join(path, name)) for name in RUN_FILES)
+    """A folder with the trainer's or the batch script's record, or with a foreign trainer's log (Megatron-LM,
+    Megatron-Bridge: read from its own lines); a file that is such a log."""
+    if os.path.isfile(path):
+        return bool(megatron_log.log_files(path))
+    return any(os.path.exists(os.path.join(path, name)) for name in RUN_FILES) or bool(megatron_log.log_files(path))
 
 
 def run_dirs_under(path: str, *, depth: int = 3, limit: int = 20) -> list[str]:
@@ -68,7 +73,8 @@ def skipped(part: str, err: ImportError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=report.__doc__.split("\n")[0])
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run folder; or a Megatron-LM/Megatron-Bridge log file (read from its "
+                                        "own lines when the run has no metrics.jsonl)")
     parser.add_argument("--png", default=None, help="timeline PNG path (default RUN_DIR/attempts_timeline.png; "
                                                     "'none' to skip)")
     parser.add_argument("--logs", action="store_true", help="print the tail of each attempt's own log lines")
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tensorboard", action="store_true",
                         help="do not write goodput/badput scalars into the run's TensorBoard folder")
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.run_dir):
+    if not os.path.exists(args.run_dir):
         print(f"megatron_resilience report: no such run directory {args.run_dir!r}", file=sys.stderr)
         return 2
     if not is_run_dir(args.run_dir):
@@ -99,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         print(attempt_logs(args.run_dir, run_report.rows))
     if args.png != "none":
         try:
-            png = write_timeline(run_report, args.png or os.path.join(args.run_dir, "attempts_timeline.png"))
+            folder = args.run_dir if os.path.isdir(args.run_dir) else os.path.dirname(os.path.abspath(args.run_dir))
+            png = write_timeline(run_report, args.png or os.path.join(folder, "attempts_timeline.png"))
         except ImportError as err:
             print(skipped("timeline", err), file=sys.stderr)
         else:
             if not args.json:
                 print(f"timeline: {png}")
-    if not args.no_tensorboard:
+    if not args.no_tensorboard and os.path.isdir(args.run_dir):
         try:
             events = report_scalars.write(args.run_dir, as_dict, read_metrics(os.path.join(args.run_dir,
                                                                                             METRICS_FILE)))

@@ -18,10 +18,27 @@ import time
 from typing import Any
 
 from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
-from megatron_resilience.jobs.evidence import read_tail
+from megatron_resilience.jobs import megatron_log
+from megatron_resilience.jobs.evidence import read_metrics, read_tail
 from megatron_resilience.jobs.launcher_log import detection_time
 from megatron_resilience.jobs.slurm import parse_slurm_time
 from megatron_resilience.records.ledger import CHAOS_LEDGER_FILE, Ledger
+from megatron_resilience.records.names import METRICS_FILE
+
+
+def trainer_records(run_dir: str, ledger: Ledger | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the trainer's records, the trainer logs they were read from): this package's trainer's ``metrics.jsonl``;
+    a run without one (Megatron-LM's or Megatron-Bridge's own trainer) is read from its log lines
+    (:mod:`megatron_resilience.jobs.megatron_log`): the attempts' step logs the ledger names, else the log files
+    in the run folder (or ``run_dir`` itself, a log file)."""
+    if os.path.isdir(run_dir):
+        records = read_metrics(os.path.join(run_dir, METRICS_FILE))
+        if records:
+            return records, []
+    named = [p for a in (ledger.attempts() if ledger else []) for p in a.get("log_files") or []
+             if os.path.basename(p).startswith("log")]
+    paths = [p for p in named if os.path.exists(p)] or megatron_log.log_files(run_dir)
+    return megatron_log.records_from_logs(paths), paths
 
 
 def slurm_runs(job_ids: set[str], names: dict[str, str] | None = None) -> dict[tuple[str, int], dict[str, Any]]:

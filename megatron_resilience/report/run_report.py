@@ -28,9 +28,9 @@ from typing import Any
 
 from megatron_resilience.goodput.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
 from megatron_resilience.goodput.optimum import Optimum, format_optimum, measure
-from megatron_resilience.jobs.evidence import read_json, read_metrics
+from megatron_resilience.jobs.evidence import read_json
 from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
-from megatron_resilience.records.names import METRICS_FILE, STOP_REASON_FILE
+from megatron_resilience.records.names import STOP_REASON_FILE
 from megatron_resilience.report import injected as injected_faults
 from megatron_resilience.report import inputs
 from megatron_resilience.report.node_history import format_node_table
@@ -78,7 +78,7 @@ class RunReport:
 
 def build(run_dir: str, *, slurm_lookup: bool = True, now: float | None = None) -> RunReport:
     ledger = Ledger(os.path.join(run_dir, LEDGER_FILE))
-    records = read_metrics(os.path.join(run_dir, METRICS_FILE))
+    records, trainer_logs = inputs.trainer_records(run_dir, ledger)
     attempts = ledger.attempts()
     if attempts or ledger.records("attempt_start"):
         windows, runs = inputs.ledger_windows(ledger, records, slurm_lookup=slurm_lookup, now=now)
@@ -87,6 +87,8 @@ def build(run_dir: str, *, slurm_lookup: bool = True, now: float | None = None) 
         faults = inputs.injections(run_dir, {w.job_id for w in windows})
     else:
         window = inputs.local_window(records)
+        if window is not None and trainer_logs:  # a foreign trainer's log: when its launcher noticed a failure
+            window.detections = inputs.detection_times(trainer_logs)
         windows = [window] if window else []
         rows = _local_rows(run_dir, records, window) if window else []
         policy = "- (no job-level ledger: a local run)"
@@ -94,6 +96,9 @@ def build(run_dir: str, *, slurm_lookup: bool = True, now: float | None = None) 
     acc = account(windows, records, faults)
     final = ledger.final()
     stop = read_json(os.path.join(run_dir, STOP_REASON_FILE)) or {}
+    ends = [r for r in records if r.get("kind") == "end"]
+    if trainer_logs and not stop and ends:  # a foreign trainer: its log's last end
+        stop = {"reason": ends[-1].get("reason"), "step": ends[-1].get("step")}
     if final:
         text = final.get("message") or final.get("outcome", "")
     elif not attempts:
@@ -168,8 +173,9 @@ def _local_rows(run_dir: str, records: list[dict[str, Any]], w: AttemptWindow) -
 
     windows = train_windows(records)
     starts = [r for r in records if r.get("kind") == "start"]
-    stop = read_json(os.path.join(run_dir, STOP_REASON_FILE)) or {}
     ends = [r for r in records if r.get("kind") == "end"]
+    stop = read_json(os.path.join(run_dir, STOP_REASON_FILE)) or \
+        ({"reason": ends[-1].get("reason")} if ends and ends[-1] is records[-1] else {})  # a foreign log's end
     stats = _cycle_stats(records, w)
     rows = []
     for k, s in enumerate(starts):

@@ -3,8 +3,9 @@
 One row per trainer start (a Slurm attempt, or an in-job cycle of it when an elastic launcher re-formed the
 group at another size): the world and data-parallel size it ran at, the nodes it had (from the ledger), the
 steps it trained, the median tokens/s of those steps, and that rate relative to the run's full size (the rows
-of its largest world size). From the trainer's ``metrics.jsonl`` (``start`` and ``train`` records) and the job
-ledger (which attempt and nodes a start belongs to); a run without a ledger shows its starts alone.
+of its largest world size). From the trainer's ``metrics.jsonl`` (``start`` and ``train`` records; a foreign
+trainer's log lines when it has none) and the job ledger (which attempt and nodes a start belongs to); a run
+without a ledger shows its starts alone.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import os
 import statistics
 from typing import Any
 
-from megatron_resilience.jobs.evidence import read_metrics
 from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
-from megatron_resilience.records.names import METRICS_FILE
+from megatron_resilience.report.inputs import trainer_records
 
 
 def rows(records: list[dict[str, Any]], attempts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -63,8 +63,9 @@ def format_rows(table: list[dict[str, Any]]) -> str:
 def section(run_dir: str) -> str:
     """The report's throughput section for ``run_dir`` (empty when the trainer logged no start)."""
     path = os.path.join(run_dir, LEDGER_FILE)
-    attempts = Ledger(path).attempts() if os.path.exists(path) else []
-    table = rows(read_metrics(os.path.join(run_dir, METRICS_FILE)), attempts)
+    ledger = Ledger(path)
+    attempts = ledger.attempts() if os.path.exists(path) else []
+    table = rows(trainer_records(run_dir, ledger)[0], attempts)  # a foreign trainer's: read from its log
     return format_rows(table) if table else ""
 
 
