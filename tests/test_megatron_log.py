@@ -279,3 +279,28 @@ def test_the_lines_composed_here_are_the_ones_megatron_bridges_and_megatron_lms_
     for path, fragments in sources.items():
         text = path.read_text()
         assert [f for f in fragments if f not in text] == [], path
+
+
+def test_a_slurm_chain_of_a_megatron_lm_run_is_reported_from_its_attempts_step_logs(tmp_path):
+    """Two Slurm attempts (the ledger's windows): the SIGTERM of a preemption, then the requeued attempt resumed."""
+    from megatron_resilience.records.ledger import Ledger
+
+    lines = sigterm_then_resume()
+    cut = next(k for k, line in enumerate(lines) if "exiting program after receiving SIGTERM." in line) + 1
+    logs = [tmp_path / "log-job_7_0.out", tmp_path / "log-job_7_1.out"]
+    logs[0].write_text("\n".join(lines[:cut]) + "\n")
+    logs[1].write_text("\n".join(lines[cut:]) + "\n")
+    ledger = Ledger(str(tmp_path / "job_ledger.jsonl"))
+    for restart, (begin, end, cls) in enumerate([(T0 - 5, T0 + 20, {"error_type": "preempted", "mode": None}),
+                                                 (T0 + 50, T0 + 80, {"error_type": "finished", "mode": None})]):
+        ledger.append({"kind": "attempt_start", "job_id": "7", "slurm_restart": restart, "time": begin})
+        ledger.append({"kind": "attempt", "job_id": "7", "slurm_restart": restart, "start": begin, "end": end,
+                       "classification": cls, "log_files": [str(logs[restart])], "nodes": ["n1"]})
+    report = run_report.build(str(tmp_path), slurm_lookup=False)
+    acc = report.accounting
+    assert acc.allocated == pytest.approx(25 + 30) and acc.queue_wait == pytest.approx(30)
+    assert acc.productive + sum(acc.badput.values()) == pytest.approx(acc.allocated)
+    assert [(i.kind, i.cause, i.fault_source) for i in acc.interruptions] == [("preemption", "preempted", "signal")]
+    assert acc.badput["checkpoint_save"] == pytest.approx(2.0 + 0.3 + 0.2 + 0.2)
+    assert acc.productive == pytest.approx(0.8 + 0.4 + 0.5 * 4 + 0.7 + 0.4 + 0.5 * 4)
+    assert [(r.restart, r.world_size) for r in report.rows] == [(0, 2), (1, 2)]
