@@ -267,11 +267,12 @@ def is_trainer_log(lines: list[str]) -> bool:
     return any(INITIALIZED in line and "datetime:" in line for line in lines)
 
 
-def log_files(path: str, *, depth: int = 6) -> list[str]:
+def log_files(path: str, *, depth: int = 4) -> list[str]:
     """The trainer logs of a run: ``path`` itself when it is such a file, else the log-like files (``*.out``,
-    ``*.log``, ``*.txt``, ``*.err``) at most ``depth`` folders down that hold a Megatron setup mark, by name (nemo_run's
-    local executor writes ``nemo_run/<id>/<task>/0/combined.log``; torchelastic one file per rank and restart;
-    checkpoint folders are not searched)."""
+    ``*.log``, ``*.txt``, ``*.err``) at most ``depth`` folders down that hold a Megatron setup mark, by name. nemo_run's
+    local executor writes ``<job dir>/nemo_run/<id>/<task>/0/combined.log`` (4 down: the job folder is a run, the
+    experiment folder above it holding several is not); torchelastic's per-rank copies lie deeper; checkpoint
+    folders are not searched."""
     if os.path.isfile(path):
         return [path] if is_trainer_log(head(path)) else []
     found, base = [], os.path.abspath(path).rstrip(os.sep)
