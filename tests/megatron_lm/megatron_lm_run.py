@@ -1,7 +1,10 @@
 """What the lane's tests share about a run of the real Megatron-LM trainer (``pretrain_gpt.py`` beside this file).
 
 * :func:`tiny_gpt_args`: Megatron-LM's own command line for a 2-layer GPT on CPU (gloo, ``--mock-data``,
-  ``NullTokenizer``), dropout 0 so that a resumed run is bitwise the uninterrupted one (FACTS.md);
+  ``NullTokenizer``), dropout 0 so that a resumed run is bitwise the uninterrupted one (FACTS.md), and
+  ``--num-workers 0``: with Megatron-LM's default 2 data-loader workers a rank whose training loop raised stayed
+  alive after printing its traceback (seen here under ft_launcher 0.7.0 and torchrun), so its peer waited in a
+  collective for gloo's 10-minute timeout instead of the launcher ending the group at once;
 * :data:`ENV`: the environment its processes need here (the newest lane's packages, this checkout, the CPU layer's
   variables);
 * :func:`iteration_losses`: the per-step ``lm loss`` of Megatron-LM's ``iteration`` log lines, as printed (Megatron-LM
@@ -36,7 +39,7 @@ def tiny_gpt_args(*, train_iters: int, save: str | None = None, load: str | None
             "--train-iters", str(train_iters), "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
             "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234",
             "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024",
-            "--log-interval", "1", "--eval-interval", "100000", "--eval-iters", "1"]
+            "--log-interval", "1", "--eval-interval", "100000", "--eval-iters", "1", "--num-workers", "0"]
     if save is not None:
         args += ["--save", save, "--save-interval", str(save_interval)]
     if load is not None:
