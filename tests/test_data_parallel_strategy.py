@@ -54,35 +54,35 @@ def test_python_api_is_keyword_only_and_validates():
 
 def test_torch_fsdp2_untied_is_accepted():
     config = PretrainConfig(run_dir="/tmp/r", parallel=ParallelConfig(data_parallel_strategy="torch_fsdp2"),
-                            model=ModelConfig(share_embeddings_and_output_weights=False, precision="bf16"))
+                            model=ModelConfig(share_embeddings_and_output_weights=False))
     assert config.ckpt_format == "torch_dist"
     check_data_parallel_strategy(config, 2)
     assert strategy_refusal("torch_fsdp2", 1, (0, 16, 1)) is None
 
 
 @pytest.mark.parametrize("parallel, bytes_per_param, sharded", [
-    ({}, 18.0, ""),
-    ({"use_distributed_optimizer": True}, 6 + 12 / 8, "optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "torch_fsdp2"}, 18 / 8, "weights, gradients, optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "no_shard"}, 18.0, ""),
-    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim"}, 6 + 12 / 8,
+    ({}, 16.0, ""),
+    ({"use_distributed_optimizer": True}, 8 + 8 / 8, "optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "torch_fsdp2"}, 16 / 8, "weights, gradients, optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "no_shard"}, 16.0, ""),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim"}, 8 + 8 / 8,
      "optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim_grads"}, 2 + 16 / 8,
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim_grads"}, 4 + 12 / 8,
      "gradients, optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "megatron_fsdp"}, 18 / 8, "weights, gradients, optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp"}, 16 / 8, "weights, gradients, optimizer state sharded over 8"),
 ])
 def test_the_memory_estimate_knows_what_each_strategy_shards(parallel, bytes_per_param, sharded):
-    """bf16 on 8 ranks: 2 bytes of weights, 4 of fp32 gradients, 12 of master weights and Adam moments."""
+    """fp32 on 8 ranks: 4 bytes of weights, 4 of gradients, 8 of Adam moments."""
     from megatron_resilience.config.memory import estimate
 
     config = PretrainConfig(run_dir="/tmp/r", parallel=ParallelConfig(**parallel),
-                            model=ModelConfig(share_embeddings_and_output_weights=False, precision="bf16"))
+                            model=ModelConfig(share_embeddings_and_output_weights=False))
     est = estimate(config, 8)
     assert est.bytes_per_param == bytes_per_param
-    assert est.why_bytes == "bf16 weights with fp32 gradients and master weights and Adam state" + (
+    assert est.why_bytes == "fp32 weights and gradients and Adam state" + (
         f", {sharded} data-parallel ranks" if sharded else "")
     layer = est.layer_params / config.model.num_layers
-    assert est.gathered == (layer * 6 if sharded.startswith("weights") else 0.0)  # one layer gathered whole
+    assert est.gathered == (layer * 8 if sharded.startswith("weights") else 0.0)  # one layer gathered whole
 
 
 @pytest.mark.parametrize("version, dp, expected", [

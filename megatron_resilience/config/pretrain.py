@@ -74,8 +74,12 @@ class PretrainConfig:
         named = f"parallel.data_parallel_strategy={strategy!r}"
         if strategy == "torch_fsdp2":
             if self.model.precision == "fp16":
-                fail("model.precision", f"must be 'fp32' or 'bf16' with {named} (Megatron-LM has no fp16 loss "
-                     "scaling with torch FSDP2)", self.model.precision)
+                fail("model.precision", f"must be 'fp32' with {named} (Megatron-LM has no fp16 loss scaling with "
+                     "torch FSDP2)", self.model.precision)
+            if self.model.precision == "bf16":
+                fail("model.precision", f"must be 'fp32' with {named}: bf16 is not supported by this package's "
+                     "FSDP2 path yet (its fp32 main weights would not be restored by the in-place load)",
+                     self.model.precision)
             if self.model.share_embeddings_and_output_weights:
                 fail("model.share_embeddings_and_output_weights", f"must be false with {named} (a tied embedding "
                      "fails in FSDP2's forward; Megatron-LM requires --untie-embeddings-and-output-weights)", True)

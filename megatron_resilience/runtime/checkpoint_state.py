@@ -299,14 +299,45 @@ def _is_torch_fsdp2(state: TrainState) -> bool:
     return isinstance(state.model[0], TorchFullyShardedDataParallel)
 
 
-def apply_loaded(state: TrainState, loaded: dict[str, Any]) -> None:
+def live_tensors(template: Any, path: tuple = ()) -> dict[tuple, torch.Tensor]:
+    """The tensors a loading template's ShardedTensors hold, by their path: for FSDP2 these are the live local
+    shards of the parameters and Adam moments, which a load must write into."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    found: dict[tuple, torch.Tensor] = {}
+    if isinstance(template, ShardedTensor):
+        found[path] = template.data
+    elif isinstance(template, dict):
+        for key, value in template.items():
+            found.update(live_tensors(value, (*path, key)))
+    elif isinstance(template, (list, tuple)):
+        for index, value in enumerate(template):
+            found.update(live_tensors(value, (*path, index)))
+    return found
+
+
+def _copy_into_live(live: dict[tuple, torch.Tensor], loaded: dict[str, Any]) -> None:
+    with torch.no_grad():
+        for path, tensor in live.items():
+            value: Any = loaded
+            for part in path:
+                value = value[part]
+            if value is not tensor:
+                tensor.copy_(value)
+
+
+def apply_loaded(state: TrainState, loaded: dict[str, Any], *, live: dict[tuple, torch.Tensor] | None = None) -> None:
     """Copy a loaded state dict into the live model, optimizer, scheduler, RNG and counters.
 
-    torch FSDP2: the loader has written the parameters' and Adam moments' local shards in place (the template held
-    them); only the Adam steps are restored (``upstream/torch_fsdp2.py``)."""
+    torch FSDP2: the persistent loader has written the parameters' and Adam moments' local shards in place (the
+    template held them); a loader that returns new tensors (the node-local tier) passes ``live``
+    (``live_tensors(template)``, taken before the load) and they are copied in. Then the Adam steps are restored
+    (``upstream/torch_fsdp2.py``)."""
     if _is_torch_fsdp2(state):
         from megatron_resilience.upstream import torch_fsdp2
 
+        if live is not None:
+            _copy_into_live(live, loaded)
         torch_fsdp2.restore_adam_steps(state.optimizer, loaded["optimizer"])
     else:
         for key, chunk in zip(_model_keys(state), state.model):

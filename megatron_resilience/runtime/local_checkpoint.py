@@ -125,8 +125,9 @@ class LocalTier:
         template = checkpoint_state.loading_template(state, checkpoint_state.SHARDING_METADATA,
                                                      saved_world_size=int(common.get("world_size", -1)),
                                                      common=common)
+        live = checkpoint_state.live_tensors(template)  # FSDP2 loads into these (checkpoint_state.apply_loaded)
         loaded = nvrx_local.to_state_dict(tasd, template)
-        checkpoint_state.apply_loaded(state, loaded)
+        checkpoint_state.apply_loaded(state, loaded, live=live)
         checkpoint_state.restore_rerun_state(loaded.get(checkpoint_state.RERUN_KEY))
         if int(loaded["step"]) != step:
             raise RuntimeError(f"checkpoint: the {tier} checkpoint holds step {loaded['step']}, expected {step}")
@@ -284,7 +285,7 @@ def build_checkpoints(config: PretrainConfig, *, dist, resume_check=None) -> Tie
 
     persistent = CheckpointManager(config.checkpoint, run_dir=config.run_dir, max_steps=config.train.max_steps,
                                    resume_check=resume_check)
-    persistent.model_shape = model_shape.of(config.model)
+    persistent.model_shape = model_shape.written(config)
     local = None
     if config.checkpoint.local_dir is not None:
         local = LocalTier(config, world=dist.world_size, tp=dist.tp, pp=dist.pp,

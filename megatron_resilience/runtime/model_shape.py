@@ -38,6 +38,12 @@ def of(model: Any) -> dict[str, Any]:
     return resolved
 
 
+def written(config: Any) -> dict[str, Any]:
+    """What every checkpoint's ``model_shape.json`` holds: the shape, and the data-parallel strategy its tensors are
+    sharded for (a DDP checkpoint and a torch FSDP2 one do not load into each other)."""
+    return {**of(config.model), "data_parallel_strategy": config.parallel.data_parallel_strategy}
+
+
 def resume_folder(checkpoint: Any) -> str | None:
     """The folder a resume reads (as ``CheckpointManager`` chooses it): the run's own ``save`` once it holds a
     checkpoint, else ``load``/``save``."""
@@ -65,4 +71,11 @@ def check_resume(config: Any) -> None:
                 f"model.{key}: must be {saved[key]!r} to resume from {path} (the model it holds), got {mine[key]!r}"
                 f"{others}. To train another shape, give it its own checkpoint.save folder; the checkpoints there "
                 "are valid, keep them")
+        strategy = saved.get("data_parallel_strategy", "ddp")  # written before the key existed: DDP, the only one
+        if strategy != config.parallel.data_parallel_strategy:
+            raise ConfigError(
+                f"parallel.data_parallel_strategy: must be {strategy!r} to resume from {path} (the strategy its "
+                f"tensors are sharded for; moving a checkpoint between strategies is not supported), got "
+                f"{config.parallel.data_parallel_strategy!r}. To train with another strategy, give it its own "
+                "checkpoint.save folder; the checkpoints there are valid, keep them")
         return
