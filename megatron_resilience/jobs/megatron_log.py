@@ -22,8 +22,9 @@ path through them:
   slowest rank), else the ``saving`` -> ``saved`` stamps; ``start_time`` the ``saving`` stamp (Bridge: the
   step's line before it); ``reason``: ``interval`` at a multiple of ``--save-interval``, ``signal`` before a
   SIGTERM exit, ``final`` after ``after training is done``, ``non_persistent`` for a local save;
-- ``signal`` and ``end``: ``exiting program after receiving SIGTERM.`` -> a signal and an end with exit code 0
-  (Megatron-LM returns from training and exits 0), ``after training is done`` -> ``finished``,
+- ``signal`` and ``end``: ``exiting program after receiving SIGTERM.`` -> a signal (noticed where the save it
+  asked for began: the log has no line for its arrival) and an end with exit code 0 (Megatron-LM returns from
+  training and exits 0), ``after training is done`` -> ``finished``,
   ``exiting program at iteration N`` / ``after N minutes`` -> ``exit_interval`` / ``exit_duration``; a process
   the log shows no end of was killed or crashed (no ``end`` record, as for this package's trainer).
 
@@ -253,8 +254,10 @@ def records_from_lines(lines: list[str]) -> list[dict[str, Any]]:
         steps = [r["step"] for r in mine if r["kind"] == "train"]
         if ending is not None:
             reason, _ = ending
-            if reason == "signal":
+            if reason == "signal":  # noticed where its save began (Megatron-LM checks for it after each step)
+                noticed = [r["start_time"] for r in mine if r["kind"] == "checkpoint" and r["reason"] == "signal"]
                 mine.append({"kind": "signal", "source": SOURCE, "signal": "SIGTERM", "time": ending[1],
+                             "received_time": (noticed or [ending[1]])[-1],
                              "step": max(steps, default=start["resumed_from"])})
             mine.append({"kind": "end", "source": SOURCE, "reason": reason, "exit_code": 0,
                          "step": max(steps, default=start["resumed_from"]), "time": max(last, ending[1] or last)})
