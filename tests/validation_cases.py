@@ -95,6 +95,10 @@ TASK_CASES = [
      "model.precision: must be 'fp32' with parallel.data_parallel_strategy='torch_fsdp2': bf16 is not supported by "
      "this package's FSDP2 path yet (its fp32 main weights would not be restored by the in-place load), "
      "got 'bf16'", ALL),
+    (["parallel.data_parallel_strategy=torch_fsdp2", "model.share_embeddings_and_output_weights=false",
+      "inprocess.enabled=true"],
+     "inprocess.enabled: must be false with parallel.data_parallel_strategy='torch_fsdp2': in-process restart is not "
+     "supported by this package's FSDP2 path yet (restarts in new processes under ft_launcher are), got True", ALL),
     (["parallel.data_parallel_strategy=torch_fsdp2"],
      "model.share_embeddings_and_output_weights: must be false with parallel.data_parallel_strategy='torch_fsdp2' "
      "(a tied embedding fails in FSDP2's forward; Megatron-LM requires --untie-embeddings-and-output-weights), "

@@ -80,6 +80,9 @@ class PretrainConfig:
                 fail("model.precision", f"must be 'fp32' with {named}: bf16 is not supported by this package's "
                      "FSDP2 path yet (its fp32 main weights would not be restored by the in-place load)",
                      self.model.precision)
+            if self.inprocess.enabled:
+                fail("inprocess.enabled", f"must be false with {named}: in-process restart is not supported by this "
+                     "package's FSDP2 path yet (restarts in new processes under ft_launcher are)", True)
             if self.model.share_embeddings_and_output_weights:
                 fail("model.share_embeddings_and_output_weights", f"must be false with {named} (a tied embedding "
                      "fails in FSDP2's forward; Megatron-LM requires --untie-embeddings-and-output-weights)", True)
