@@ -14,6 +14,7 @@ torch's launchers or megatron-core lives in this package and nowhere else, one m
 - :mod:`.harmless_warnings`   upstream warnings that ask nothing of the user, silenced by their exact text;
 - :mod:`.mcore`               megatron-core layer specs, attention process groups and limits;
 - :mod:`.fsdp`                the data-parallel strategies (ddp, FSDP2, Megatron-FSDP) against the installed release;
+- :mod:`.torch_fsdp2`         torch FSDP2 via Megatron-Core's adapter (device mesh, grad sync, optimizer map);
 - :mod:`.pytorch`             torch features not every supported torch has.
 
 Importing this package never imports torch or megatron.
