@@ -10,9 +10,12 @@ more, which its users forget because a single run never shows it (facts with the
 * a bound on learned FT timeouts (:func:`learned_timeout_settings`, FaultTolerancePlugin): with
   ``--calc-ft-timeouts`` Megatron-LM replaces the plugin's section timeouts by ``safety_factor`` x the longest
   interval seen, without a minimum; the factor in ft_launcher's FT config is the one bound a launcher can set,
-  and for these tasks it is raised from nvidia-resiliency-ext's 5 to ``LEARNED_TIMEOUT_SAFETY_FACTOR`` (logged).
+  and for these tasks it is raised from nvidia-resiliency-ext's 5 to ``LEARNED_TIMEOUT_SAFETY_FACTOR`` (logged);
+* a warning (:func:`warn_save_at_signal`, PreemptionPlugin) when it saves in ``torch_dist``, whose save at the
+  signal failed under ft_launcher (megatron-core 0.19.2; the lane pins it).
 
-Only tasks whose arguments say Megatron-LM (``trainer_detect``) are touched; a Bridge or unknown script never is.
+Only tasks the plugins recognise as Megatron-LM from their arguments (``trainer_detect``) and that give no
+``script_args_converter_fn`` are touched; a Bridge or unknown script never is.
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ log = logging.getLogger("megatron_resilience.plugins")
 
 
 def is_megatron_lm(target: Any) -> bool:
-    """The target is a ``run.Script`` whose own arguments (or place) say Megatron-LM and that takes script args."""
-    if target.converter is None:
+    """The target is a ``run.Script`` the plugins recognised as Megatron-LM themselves (from its arguments or place).
+
+    With a ``script_args_converter_fn`` the user's function decides every argument the plugins add (Megatron-Bridge's
+    contract), and the script may only look like Megatron-LM (``examples/argparse_trainer.py`` takes Megatron-LM's
+    flags but not ``--load``): nothing here applies to it."""
+    if target.converter is None or not target.why.startswith("detected"):
         return False
     found = detect_script_trainer(target.task)
     return found is not None and found[0] == "megatron_lm"
@@ -69,4 +76,21 @@ def learned_timeout_settings(target: Any, plugin: str) -> dict[str, float]:
     return {"safety_factor": LEARNED_TIMEOUT_SAFETY_FACTOR}
 
 
-__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings"]
+def warn_save_at_signal(target: Any, plugin: str) -> bool:
+    """Warn a Megatron-LM task that saves in ``torch_dist`` (its default) that its save at the signal may fail under
+    a launcher; returns whether it warned."""
+    if not is_megatron_lm(target):
+        return False
+    formats = flag_values(_args(target), "--ckpt-format")
+    if formats and formats[-1] != "torch_dist":
+        return False
+    log.warning("%s: Megatron-LM saves in --ckpt-format %s: seen with megatron-core 0.19.2 under ft_launcher 0.7.0, "
+                "the save at the signal fails (BrokenPipeError): megatron-core returns each torch_dist save's write "
+                "results through a helper process it spawns on the first save, in the rank's process group, and the "
+                "launcher forwards the signal to that group; the checkpoint stays at the previous save. "
+                "--ckpt-format torch saved and exited 0 there (tests/megatron_lm/)", plugin,
+                formats[-1] if formats else "torch_dist (its default)")
+    return True
+
+
+__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings", "warn_save_at_signal"]

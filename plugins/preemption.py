@@ -236,6 +236,7 @@ class PreemptionPlugin(run.Plugin):
                 enable_exit_handler=True, enable_exit_handler_for_data_loader=self.enable_exit_handler_for_data_loader,
                 exit_signal=self.signal))
             megatron_lm_flags.ensure_load(target, NAME)  # a requeue after the signal resumes from --load only
+            megatron_lm_flags.warn_save_at_signal(target, NAME)
         else:
             warn_unknown_trainer(target, NAME, f"save a checkpoint and exit 0 when it receives {self.signal} "
                                  f"(enable_exit_handler)")

@@ -102,3 +102,31 @@ def test_a_bridge_script_is_not_touched(caplog):
     args, executor, messages = configured(own, FaultTolerancePlugin(), PreemptionPlugin(), caplog=caplog,
                                           path="scripts/training/run_recipe.py")
     assert "--load" not in args and not any(line.startswith("safety_factor") for line in ft_yaml(executor))
+
+
+SIGNAL_SAVE_WARNING = (
+    "PreemptionPlugin: Megatron-LM saves in --ckpt-format {fmt}: seen with megatron-core 0.19.2 under ft_launcher "
+    "0.7.0, the save at the signal fails (BrokenPipeError): megatron-core returns each torch_dist save's write results "
+    "through a helper process it spawns on the first save, in the rank's process group, and the launcher forwards the "
+    "signal to that group; the checkpoint stays at the previous save. --ckpt-format torch saved and exited 0 there "
+    "(tests/megatron_lm/)")
+
+
+@pytest.mark.parametrize("given, fmt", [([], "torch_dist (its default)"), (["--ckpt-format", "torch_dist"],
+                                                                           "torch_dist"),
+                                        (["--ckpt-format", "torch"], None)])
+def test_preemption_warns_of_the_torch_dist_save_at_the_signal(caplog, given, fmt):
+    _, _, messages = configured([*OWN, *given], PreemptionPlugin(), caplog=caplog)
+    warned = [m for m in messages if "save at the signal fails" in m]
+    assert warned == ([SIGNAL_SAVE_WARNING.format(fmt=fmt)] if fmt else [])
+
+
+def test_with_a_converter_of_the_users_only_its_arguments_are_added(caplog):
+    """examples/argparse_trainer.py takes Megatron-LM's flags but not --load; its tests give the converter."""
+    from megatron_resilience.plugins import megatron_lm_args
+
+    args, executor, messages = configured(OWN, FaultTolerancePlugin(script_args_converter_fn=megatron_lm_args),
+                                          PreemptionPlugin(script_args_converter_fn=megatron_lm_args), caplog=caplog)
+    assert args == [*OWN, "--enable-ft-package", "--calc-ft-timeouts", "--exit-signal-handler"]
+    assert not any(line.startswith("safety_factor") for line in ft_yaml(executor))
+    assert not any("save at the signal fails" in m or "safety_factor" in m for m in messages)
