@@ -215,7 +215,7 @@ def test_cycles_pair_by_the_launchers_restart_count_else_by_position():
     none: workers that died in setup); cycles whose marks a cut log lost have no launcher lines; records without the
     count (another trainer) pair by position."""
     from megatron_resilience.jobs.attempt_end import _pairs
-    from megatron_resilience.jobs.launcher_log import LauncherCycle
+    from megatron_resilience.records.launcher_log import LauncherCycle
 
     launcher = [LauncherCycle(n) for n in (0, 1, 2, 3)]
     named = [{"in_job_restart": n} for n in (0, 1, 1, 3)]

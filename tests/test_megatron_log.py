@@ -1,4 +1,4 @@
-"""A foreign trainer's log read as this package's records (``jobs/megatron_log*.py``), and the report from it.
+"""A foreign trainer's log read as this package's records (``records/megatron_log*.py``), and the report from it.
 
 The lines are composed here with the format specs of the trainers' own print calls (megatron-core 0.19.2's
 ``megatron/training/training.py`` ``training_log`` / ``print_datetime`` / ``checkpointing.py``,
@@ -16,8 +16,8 @@ import time
 import pytest
 
 from megatron_resilience.jobs import evidence as ev
-from megatron_resilience.jobs.megatron_log import records_from_lines, records_from_logs
-from megatron_resilience.jobs.megatron_log_lines import read_line, read_lines
+from megatron_resilience.records.megatron_log import records_from_lines, records_from_logs
+from megatron_resilience.records.megatron_log_lines import read_line, read_lines
 from megatron_resilience.report import run_report
 from megatron_resilience.report.cli import main as report_main
 

@@ -14,7 +14,6 @@ from typing import Any
 from megatron_resilience.jobs import (
     attribution,
     finished,
-    megatron_log,
     preemption_margin,
     requeue_size,
     shared_node_history,
@@ -25,6 +24,7 @@ from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
+from megatron_resilience.records import megatron_log
 from megatron_resilience.records.ledger import Ledger
 
 
@@ -132,8 +132,8 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
 
 def foreign_records(ledger: Ledger, files: list[str]) -> list[dict[str, Any]]:
     """A trainer that writes no ``metrics.jsonl`` (Megatron-LM, Megatron-Bridge): its records read from its own
-    log lines (:mod:`.megatron_log`), over the chain's step logs so far (earlier attempts' steps tell which of this
-    one's were recomputed). [] for a log that is no such trainer's."""
+    log lines (``records/megatron_log.py``), over the chain's step logs so far (earlier attempts' steps tell which
+    of this one's were recomputed). [] for a log that is no such trainer's."""
     named = [p for a in ledger.attempts() for p in a.get("log_files") or []] + list(files)
     return megatron_log.records_from_logs([p for p in dict.fromkeys(named) if os.path.basename(p).startswith("log")
                                            and os.path.exists(p)])

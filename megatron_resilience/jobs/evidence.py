@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_resilience.jobs import taxonomy
-from megatron_resilience.jobs.launcher_log import (  # noqa: F401 (LAUNCHER_PREFIX, split_cycles: read from here)
+from megatron_resilience.jobs.monitors import Monitor, Signal, scan
+from megatron_resilience.records.jsonl import read_json, read_jsonl  # noqa: F401 (read_json: read from here too)
+from megatron_resilience.records.launcher_log import (  # noqa: F401 (LAUNCHER_PREFIX, split_cycles: read from here)
     LAUNCHER_PREFIX,
     LauncherCycle,
     launcher_cycles,
     split_cycles,
     stamp_time,
 )
-from megatron_resilience.jobs.monitors import Monitor, Signal, scan
-from megatron_resilience.records.jsonl import read_json, read_jsonl  # noqa: F401 (read_json: read from here too)
 from megatron_resilience.records.names import TRACKER_FILE
 
 CYCLE_TAG = re.compile(r"\[Cycle (\d+)\]")  # ft_launcher's rank monitor names the cycle (nvidia-resiliency-ext 0.7)

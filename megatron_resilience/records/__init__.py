@@ -8,5 +8,8 @@ JSON-lines file (a torn last line, written by a process killed mid-write, is ski
 
 - :mod:`.names` file names and the checkpoint folder's layout;
 - :mod:`.jsonl` reading a JSON-lines file and a JSON file; :mod:`.ledger` the run's ledger of Slurm attempts (appended
-  atomically, write-ahead records around every Slurm command).
+  atomically, write-ahead records around every Slurm command);
+- the logs a job leaves, read as records: :mod:`.launcher_log` ft_launcher's restart cycles; :mod:`.megatron_log_lines`
+  and :mod:`.megatron_log` a foreign trainer's own log (Megatron-LM, Megatron-Bridge: no ``metrics.jsonl``) as the
+  records this package's trainer writes, so the report and the ledger read one format.
 """

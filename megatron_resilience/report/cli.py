@@ -16,9 +16,9 @@ import sys
 
 from megatron_resilience.config.paths import check_writable_dir
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.jobs import megatron_log
 from megatron_resilience.jobs.attempt_logs import attempt_logs
 from megatron_resilience.jobs.evidence import read_metrics
+from megatron_resilience.records import megatron_log
 from megatron_resilience.records.ledger import LEDGER_FILE
 from megatron_resilience.records.names import METRICS_FILE
 from megatron_resilience.report import run_report as report

@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
-from megatron_resilience.jobs import megatron_log
 from megatron_resilience.jobs.evidence import read_metrics, read_tail
-from megatron_resilience.jobs.launcher_log import detection_time
 from megatron_resilience.jobs.slurm import parse_slurm_time
+from megatron_resilience.records import megatron_log
+from megatron_resilience.records.launcher_log import detection_time
 from megatron_resilience.records.ledger import CHAOS_LEDGER_FILE, Ledger
 from megatron_resilience.records.names import METRICS_FILE
 
@@ -29,7 +29,7 @@ from megatron_resilience.records.names import METRICS_FILE
 def trainer_records(run_dir: str, ledger: Ledger | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """(the trainer's records, the trainer logs they were read from): this package's trainer's ``metrics.jsonl``;
     a run without one (Megatron-LM's or Megatron-Bridge's own trainer) is read from its log lines
-    (:mod:`megatron_resilience.jobs.megatron_log`): the attempts' step logs the ledger names, else the log files
+    (:mod:`megatron_resilience.records.megatron_log`): the attempts' step logs the ledger names, else the log files
     in the run folder (or ``run_dir`` itself, a log file)."""
     if os.path.isdir(run_dir):
         records = read_metrics(os.path.join(run_dir, METRICS_FILE))

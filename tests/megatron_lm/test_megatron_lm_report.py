@@ -38,7 +38,7 @@ from test_megatron_lm_local import DRIVER
 
 from megatron_resilience.goodput import daly
 from megatron_resilience.jobs import evidence as ev
-from megatron_resilience.jobs import megatron_log
+from megatron_resilience.records import megatron_log
 from megatron_resilience.report import run_report
 from megatron_resilience.report.cli import main as report_main
 

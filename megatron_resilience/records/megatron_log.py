@@ -36,8 +36,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from megatron_resilience.jobs import launcher_log
-from megatron_resilience.jobs.megatron_log_lines import Event, events_by_line
+from megatron_resilience.records import launcher_log
+from megatron_resilience.records.megatron_log_lines import Event, events_by_line
 from megatron_resilience.records.names import step_of_iter_dir
 
 SOURCE = "megatron_log"
