@@ -130,3 +130,32 @@ def test_with_a_converter_of_the_users_only_its_arguments_are_added(caplog):
     assert args == [*OWN, "--enable-ft-package", "--calc-ft-timeouts", "--exit-signal-handler"]
     assert not any(line.startswith("safety_factor") for line in ft_yaml(executor))
     assert not any("save at the signal fails" in m or "safety_factor" in m for m in messages)
+
+
+FSDP = {  # Megatron-LM's own flags for its two sharded data-parallel paths, with the format each path saves in
+    "megatron_fsdp": ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                      "--ckpt-format", "fsdp_dtensor"],
+    "torch_fsdp2": ["--use-torch-fsdp2", "--ckpt-format", "torch_dist", "--untie-embeddings-and-output-weights"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(FSDP))
+def test_an_fsdp_run_passes_through_untouched_and_its_progress_is_read_from_its_tracker(caplog, tmp_path, path):
+    """issue 33: the plugins add what they add to any Megatron-LM run and leave its FSDP flags alone; the job-level
+    room knows an FSDP run's progress and end from Megatron-LM's tracker file, which megatron-core 0.19.2's
+    ``megatron/training/checkpointing.py`` writes after every global save whatever ``--ckpt-format`` (torch_dist,
+    fsdp_dtensor, torch_dcp; only the node-local tier has none): the same file as for DDP."""
+    from megatron_resilience.jobs.finished import detect
+    from megatron_resilience.plugins.task_settings import finished_evidence
+
+    own = [*OWN[:4], "--save", str(tmp_path), *OWN[6:], *FSDP[path]]
+    args, executor, _ = configured(own, FaultTolerancePlugin(), PreemptionPlugin(), caplog=caplog)
+    assert args == [*own, "--enable-ft-package", "--calc-ft-timeouts", "--load", str(tmp_path),
+                    "--exit-signal-handler"]
+    evidence = finished_evidence(executor)
+    assert evidence == {"checkpoint_dir": str(tmp_path), "train_iters": 1000}
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("900")
+    assert detect(**evidence, exit_code=1, log_lines=[]) is None  # a crash at 900 of 1000: not finished
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1000")
+    done = detect(**evidence, exit_code=1, log_lines=[])
+    assert (done.source, done.step) == ("checkpoint", 1000)
