@@ -18,7 +18,8 @@ after the step during which the signal arrived. When training finished, rank 0 t
 sbatch script relies on to stop requeueing. With ``--like-megatron-lm`` it does what Megatron-LM's
 ``pretrain_gpt.py`` does instead: it never touches that flag and ends with Megatron-LM's
 ``[after training is done]`` line (the job-level decision then reads the checkpoint tracker against
-``--train-iters``); ``--fail-in-attempt N`` makes every rank exit 1 after one step in Slurm attempt N.
+``--train-iters``) and resumes only from ``--load``, as Megatron-LM does (the plugins add it);
+``--fail-in-attempt N`` makes every rank exit 1 after one step in Slurm attempt N.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--train-iters", type=int, required=True)
     p.add_argument("--save", required=True, help="checkpoint directory")
+    p.add_argument("--load", default=None, help="checkpoint directory to resume from (default: --save; with "
+                   "--like-megatron-lm, as Megatron-LM: only --load, none -> from step 0)")
     p.add_argument("--save-interval", type=int, default=10)
     p.add_argument("--report", required=True, help="rank 0 appends one JSON line per run")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of extra work per step")
@@ -61,7 +64,9 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def load(save: str) -> tuple[int, float, float]:
+def load(save: str | None) -> tuple[int, float, float]:
+    if save is None:
+        return 0, 0.0, 0.0
     try:
         with open(os.path.join(save, TRACKER)) as f:
             step = int(f.read().strip())
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     monitor = RankMonitor(args.enable_ft_package)
     monitor.section("setup", True)
-    step, w, b = load(args.save)
+    step, w, b = load(args.load if args.like_megatron_lm else (args.load or args.save))
     resumed_from = step
     rng = random.Random(1234 + step)
     monitor.section("setup", False)

@@ -98,16 +98,17 @@ def test_an_in_job_restarts_failure_is_attributed_to_its_node_as_attempt_dot_cyc
 
 
 def test_the_node_table_says_why_a_node_was_excluded_and_each_nodes_share_of_the_exclusions():
-    """A lemon (n2) blamed twice, excluded once on attribution; n3 drained by the scheduler; n1 blamed in the same
-    decision as n2 and deferred (one new blamed node per decision)."""
+    """A lemon (n2) blamed twice, excluded once on attribution (drained too: the attribution is the reason shown);
+    n3 excluded for the scheduler's drain alone; n1 blamed in the same decision as n2 and deferred (one new blamed
+    node per decision)."""
     from megatron_resilience.report.node_history import format_node_table
 
     xid = {"mode": "crash", "error_type": "xid_error"}
     attempts = [
         {"nodes": ["n1", "n2"], "classification": {**xid, "hosts": ["n2"]}, "decision": {}},
         {"nodes": ["n1", "n2", "n3"], "classification": {**xid, "hosts": ["n1", "n2"]},
-         "decision": {"exclude_requested": ["n2", "n3"], "exclude_applied": ["n2", "n3"],
-                      "exclude_scheduler": {"n3": "drained"}, "exclude_deferred": ["n1"]}}]
+         "decision": {"exclude_requested": ["n2", "n3"], "exclude_applied": ["n2", "n3"], "exclude_blamed": ["n2"],
+                      "exclude_scheduler": {"n2": "drained", "n3": "drained"}, "exclude_deferred": ["n1"]}}]
     assert format_node_table(attempts)[2:] == [
         "node | attempts | failures attributed (attempt[.cycle]: type) | share | excluded by attempt",
         "n1   | 0,1      | 1: xid_error                                | 33%   | 1 (deferred)",

@@ -49,8 +49,8 @@ def node_rows(attempts: list[dict[str, Any]]) -> list[NodeRow]:
         applied = decision.get("exclude_applied") or []
         for node in decision.get("exclude_requested") or []:
             (row(node).excluded_by if node in applied else row(node).not_excluded_by).append(index)
-        for node, state in (decision.get("exclude_scheduler") or {}).items():
-            if node in (decision.get("exclude_requested") or []):
+        for node, state in (decision.get("exclude_scheduler") or {}).items():  # excluded for sinfo's state alone
+            if node in (decision.get("exclude_requested") or []) and node not in (decision.get("exclude_blamed") or []):
                 row(node).scheduler[index] = str(state)
         for node in decision.get("exclude_deferred") or []:
             row(node).deferred_by.append(index)

@@ -84,6 +84,16 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     cluster = slurm_cluster
     js: dict[str, Job] = {}
     t0 = time.monotonic()
+    # Each scancel job's observer starts as soon as that job is submitted: the later submissions take minutes on a
+    # loaded machine, and a job that trained to the end before its observer started was never signalled (seen:
+    # the script form finished at 02:17:43, the signal left at 02:18:08, after the last submission).
+    sent: dict = {}
+    threads: list[threading.Thread] = []
+
+    def signal_once_training(name):
+        threads.append(threading.Thread(target=signal_when_training, args=(js[name], sent, SIGNAL_AFTER_STEP),
+                                        daemon=True))
+        threads[-1].start()
 
     def partial(name, ranks=2, launcher="torchrun", time="00:30:00", plugins=(), extra=None, **task_kw):
         task = tiny(root, name, ranks=ranks, **task_kw)
@@ -106,11 +116,14 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     script("script", run.Script(path="megatron_resilience", m=True, entrypoint="python",
                                 args=trainer_args(os.path.join(root, "script"), STEPS)), 2, None,
            ft_and_preemption())
+    signal_once_training("script")
     # 2 tasks launched by srun, no launcher (tests/golden/preemption_inline.sh): each task is one rank, which reads
     # its rank, the world size and the rendezvous from Slurm's variables.
     inline = "cd /tmp\npython -m megatron_resilience " + " ".join(trainer_args(os.path.join(root, "inline"), STEPS))
     script("inline", run.Script(inline=inline + "\n"), 2, None, [PreemptionPlugin(preempt_time=PREEMPT_TIME)])
+    signal_once_training("inline")
     partial("torchrun", max_steps=STEPS, save_interval=10, plugins=[PreemptionPlugin(preempt_time=PREEMPT_TIME)])
+    signal_once_training("torchrun")
     # Fault tolerance: a rank killed at step 25 (checkpoints every 10 steps).
     partial("ft_killed", launcher=None, plugins=ft_and_preemption(), max_steps=STEPS, save_interval=10,
             ft__simulate_fault=True, ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
@@ -150,11 +163,7 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     restorer = threading.Thread(target=limit_back_after_first_run, args=(limit, limiter, 30), daemon=True)
     restorer.start()
 
-    sent: dict = {}
-    threads = [threading.Thread(target=signal_when_training, args=(js[n], sent, SIGNAL_AFTER_STEP), daemon=True)
-               for n in SCANCEL_JOBS]
-    for t in threads:
-        t.start()
+    assert len(threads) == len(SCANCEL_JOBS)  # one observer per scancel job, each started at its submission
     requeue = {}
     requeuer = threading.Thread(target=requeue_when_completed, args=(js["ft_killed"], requeue), daemon=True)
     requeuer.start()

@@ -124,7 +124,10 @@ def test_a_finished_megatron_lm_style_run_is_completed_once(megatron_lm_style_jo
     assert (final["JobState"], final["ExitCode"], final["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
     assert [a["State"] for a in job.attempts()] == ["COMPLETED"], job.describe()
     assert [(r["stopped"], r["finished_step"]) for r in reports] == [("finished", MLM_ITERS)]
-    assert reports[0]["argv"][-3:] == ["--enable-ft-package", "--calc-ft-timeouts", "--exit-signal-handler"]
+    # the plugins recognised Megatron-LM's flags: FT's, --load (Megatron-LM resumes only from it) and the handler
+    ckpt = reports[0]["argv"][reports[0]["argv"].index("--save") + 1]
+    assert reports[0]["argv"][-5:] == ["--enable-ft-package", "--calc-ft-timeouts", "--load", ckpt,
+                                       "--exit-signal-handler"]
     assert [(r["classification"]["error_type"], r["classification"]["source"], r["decision"]["action"])
             for r in records] == [("finished", "checkpoint", "stop")], job.describe()
     assert "[after training is done]" in job.attempt_log(0)
