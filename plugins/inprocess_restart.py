@@ -48,7 +48,7 @@ from typing import Any
 
 from megatron_resilience.config import ConfigError, InProcessConfig
 from megatron_resilience.config.validate import check_int, fail
-from megatron_resilience.plugins import partial_trainers
+from megatron_resilience.plugins import megatron_lm_flags, partial_trainers
 from megatron_resilience.plugins._executor import set_env
 from megatron_resilience.plugins.script_args import InProcessRestartPluginScriptArgs
 from megatron_resilience.plugins.task_check import task_config
@@ -140,6 +140,7 @@ def apply_task(p: Any, target: Any, executor: Any) -> tuple[InProcessConfig, int
                 replication_jump=jump, plugin=NAME)
         elif target.converter is not None:
             append_script_args(target, NAME, args)
+            megatron_lm_flags.warn_inprocess_restart(target, NAME)
         elif target.nemo is not None:
             log.warning("%s: inprocess_restart/local_checkpoint_dir on a NeMo 2.0 task: NeMo has no in-process "
                         "restart nor Megatron-style node-local checkpoints to switch on; the executor is set up (srun "

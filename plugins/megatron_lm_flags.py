@@ -25,9 +25,11 @@ from typing import Any
 
 from megatron_resilience.plugins.trainer_detect import detect_script_trainer, flag_values
 from megatron_resilience.upstream.megatron_lm import (
+    INPROCESS_HANDLE_DROPPED_FROM,
     LEARNED_TIMEOUT_SAFETY_FACTOR,
     NVRX_DEFAULT_SAFETY_FACTOR,
 )
+from megatron_resilience.upstream.versions import package_version
 
 log = logging.getLogger("megatron_resilience.plugins")
 
@@ -93,4 +95,24 @@ def warn_save_at_signal(target: Any, plugin: str) -> bool:
     return True
 
 
-__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings", "warn_save_at_signal"]
+def warn_inprocess_restart(target: Any, plugin: str) -> bool:
+    """Warn a Megatron-LM task given ``--inprocess-restart`` when the megatron-core installed where it is submitted
+    is one whose ``pretrain`` never receives the in-process wrapper's handle (``upstream/megatron_lm.py``); the
+    cluster's own megatron-core is not known here, so this is a warning with the facts, not a refusal."""
+    if not is_megatron_lm(target) or "--inprocess-restart" not in _args(target):
+        return False
+    installed = package_version("megatron-core")
+    if installed is None or installed < INPROCESS_HANDLE_DROPPED_FROM:
+        return False
+    log.warning("%s: Megatron-LM --inprocess-restart with megatron-core %s installed here: from %s its pretrain "
+                "annotates inprocess_call_wrapper as Optional[Any], so nvidia-resiliency-ext's wrapper never hands it "
+                "its CallWrapper, the restart store is not prefixed per iteration and a second in-process iteration "
+                "meets the first one's keys (read in 0.19.2's source, not run; Megatron-Bridge fixed the same in its "
+                "own adapter, Megatron-Bridge PR #5187); if the cluster runs such a megatron-core, a fault goes on to "
+                "ft_launcher's process restart", plugin, ".".join(map(str, installed)),
+                ".".join(map(str, INPROCESS_HANDLE_DROPPED_FROM)))
+    return True
+
+
+__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings", "warn_inprocess_restart",
+           "warn_save_at_signal"]

@@ -28,6 +28,9 @@ from __future__ import annotations
 # nvidia-resiliency-ext's own default is 5.0 (FaultToleranceConfig.safety_factor, 0.4.1 to 0.7.0).
 NVRX_DEFAULT_SAFETY_FACTOR = 5.0
 LEARNED_TIMEOUT_SAFETY_FACTOR = 20.0
+# The first megatron-core whose wheel's ``pretrain`` annotates ``inprocess_call_wrapper: Optional[Any]`` (above):
+# seen in 0.19.2; earlier Megatron-LM source annotates it ``Optional[CallWrapper]``, which the wrapper fills.
+INPROCESS_HANDLE_DROPPED_FROM = (0, 19)
 
 
-__all__ = ["LEARNED_TIMEOUT_SAFETY_FACTOR", "NVRX_DEFAULT_SAFETY_FACTOR"]
+__all__ = ["INPROCESS_HANDLE_DROPPED_FROM", "LEARNED_TIMEOUT_SAFETY_FACTOR", "NVRX_DEFAULT_SAFETY_FACTOR"]
