@@ -1,6 +1,7 @@
 """What sharding buys: peak memory per rank and step time for each data-parallel strategy, at one shape.
 
-    python benchmarks/fsdp_memory.py [--ranks 2] [--steps 10] [--strategies ddp,ddp_distopt,torch_fsdp2] [--json PATH]
+    python benchmarks/fsdp_memory.py [--ranks 2] [--steps 10] [--strategies ddp,ddp_distopt,torch_fsdp2]
+                                     [--device cpu|cuda] [--json PATH]
 
 Each strategy is the real trainer under torchrun on ``--ranks`` ranks (CPU and gloo here; on a lent GPU the same
 command measures CUDA memory), the same GPT (4 layers, hidden 512, vocab 32768, untied embeddings, fp32: 46 M
@@ -96,8 +97,8 @@ def _estimate(overrides: list[str], ranks: int) -> float | None:
     return est.params * est.bytes_per_param
 
 
-def _measure(name: str, ranks: int, steps: int, root: Path) -> dict:
-    overrides = [*SHAPE, *STRATEGIES[name], f"train.max_steps={steps}"]
+def _measure(name: str, ranks: int, steps: int, root: Path, device: str = "cpu") -> dict:
+    overrides = [*SHAPE, *STRATEGIES[name], f"train.max_steps={steps}", f"train.device={device}"]
     run_dir, out = root / name, root / f"{name}.peak"
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={ranks}", __file__, "--as-rank",
@@ -129,17 +130,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank (benchmarks/gpu.sh fsdp); peak = the device's peak allocation")
     args = parser.parse_args()
-    info = machine("cpu")
+    info = machine(args.device)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [_measure(name, args.ranks, args.steps, Path(tmp)) for name in args.strategies.split(",")]
+        rows = [_measure(name, args.ranks, args.steps, Path(tmp), args.device) for name in args.strategies.split(",")]
     print(describe(info))
     print(f"shape: {' '.join(SHAPE)}; {args.ranks} ranks, {args.steps} steps")
     print(table(["strategy", "state per rank, estimate (GiB)", "live tensors per rank after a step (GiB)",
                  "peak memory per rank (GiB)", "median step (ms)", "note"],
                 [[r["strategy"], r["state_estimate_gib"], r["live_tensors_gib"], r["peak_gib"], r["step_time_ms"],
                   r["note"]] for r in rows]))
-    print(f"JSON: {write_json('fsdp_memory', 'cpu', {'machine': info, 'rows': rows}, args.json)}")
+    print(f"JSON: {write_json('fsdp_memory', args.device, {'machine': info, 'rows': rows}, args.json)}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 # The three benchmarks on one NVIDIA GPU, on a machine without network (Python 3.12 with torch preinstalled).
 #
 #   benchmarks/gpu.sh wheels                  # HERE, once, with network: cp312 wheels into .whl/ (ignored by git)
-#   benchmarks/gpu.sh [all|throughput|overhead|recovery|fast-recovery] [OUT_DIR]   # THERE, in the checkout,
+#   benchmarks/gpu.sh [all|throughput|overhead|recovery|fast-recovery|fsdp] [OUT_DIR]   # THERE, in the checkout,
 #                                                                                      .whl/ beside it
 #
 # recovery includes the fast-recovery variants (issue 24: process restart from the persistent / the local
-# checkpoint, in-process restart from memory); fast-recovery runs those variants only (docs/fast-recovery.md).
+# checkpoint, in-process restart from memory); fast-recovery runs those variants only (docs/fast-recovery.md);
+# fsdp: memory per rank and step time for ddp / ddp + distributed optimizer / torch_fsdp2 (needs 2 GPUs: --ranks 2;
+# with one GPU it runs --ranks 1, where FSDP shards nothing, docs/trainer.md).
 #
 # Each part stays under 10 minutes on an H100 with the 125M shape (gpt_126m: 12 layers, hidden 768, 12 heads,
 # vocab 50304, seq 2048, micro-batch 8, bf16). Outputs: <part>-cuda.md (the printed tables) and <part>-cuda.json
@@ -47,10 +49,11 @@ case "$part" in
         BENCH_OUT_NAME=fast-recovery run recovery --shape gpt_126m --faults "" --modes "" \
             --variants persistent,local,inprocess \
             --work-dir /tmp/recovery_runs ;;
+    fsdp) run fsdp_memory --ranks "$(nvidia-smi -L | wc -l | awk '{print ($1 >= 2) ? 2 : 1}')" ;;
     all)
         run throughput --shape gpt_126m --rounds 10 --steps 5 --warmup 5
         run resilience_overhead --shape gpt_126m --blocks 20 --block-steps 5
         run recovery --shape gpt_126m --saves 3 --save-interval 5 --work-dir /tmp/recovery_runs ;;
-    *) echo "usage: benchmarks/gpu.sh [wheels|all|throughput|overhead|recovery|fast-recovery] [OUT_DIR]" >&2
+    *) echo "usage: benchmarks/gpu.sh [wheels|all|throughput|overhead|recovery|fast-recovery|fsdp] [OUT_DIR]" >&2
        exit 2 ;;
 esac
