@@ -83,8 +83,8 @@ TASK_CASES = [
      "the optimizer state with parallel.use_distributed_optimizer; torch_fsdp2 shards everything), got 'optim'", ALL),
     (["parallel.data_parallel_strategy=torch_fsdp2", "parallel.pipeline_model_parallel_size=2"],
      "parallel.pipeline_model_parallel_size: must be 1 with parallel.data_parallel_strategy='torch_fsdp2' "
-     "(Megatron-LM has no pipeline parallelism with torch FSDP2; use data_parallel_strategy 'ddp' or "
-     "'megatron_fsdp'), got 2", ALL),
+     "(Megatron-LM has no pipeline parallelism with torch FSDP2; use data_parallel_strategy 'ddp', with "
+     "use_distributed_optimizer=true to shard the optimizer state), got 2", ALL),
     (["parallel.data_parallel_strategy=torch_fsdp2", "parallel.use_distributed_optimizer=true"],
      "parallel.use_distributed_optimizer: must be false with parallel.data_parallel_strategy='torch_fsdp2' (FSDP2 "
      "shards the optimizer state itself; Megatron-LM refuses both), got True", ALL),

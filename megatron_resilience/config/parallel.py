@@ -51,7 +51,8 @@ class ParallelConfig:
             if self.pipeline_model_parallel_size > 1:
                 fail("parallel.pipeline_model_parallel_size",
                      "must be 1 with parallel.data_parallel_strategy='torch_fsdp2' (Megatron-LM has no pipeline "
-                     "parallelism with torch FSDP2; use data_parallel_strategy 'ddp' or 'megatron_fsdp')",
+                     "parallelism with torch FSDP2; use data_parallel_strategy 'ddp', with "
+                     "use_distributed_optimizer=true to shard the optimizer state)",
                      self.pipeline_model_parallel_size)
             if self.use_distributed_optimizer:
                 fail("parallel.use_distributed_optimizer",
