@@ -211,9 +211,21 @@ def test_notebook_executes_against_the_local_executor(tmp_path):
     assert "gpt_tiny 1 node(s) x 2 rank(s): 2 layers, hidden 64" in text
     assert "rerun: validate_results | exit signal handler: True SIGTERM" in text
     assert "#SBATCH --signal=SIGTERM@60" in text and "ft_launcher" in text
-    assert "state: SUCCEEDED" in text
+    state = re.search(r"^state: (\S+)$", text, re.M)
+    assert state and state.group(1) == "SUCCEEDED", text[-3000:] + _job_logs_tail(tmp_path / "nemo_run_home")
     assert "8 steps logged; loss " in text
     assert "checkpoints: ['iter_0000002', 'iter_0000004', 'iter_0000006', 'iter_0000008']" in text
+
+
+def _job_logs_tail(home, chars: int = 6000) -> str:
+    """The end of every log the job left under NEMORUN_HOME: why a state other than SUCCEEDED came about."""
+    parts = []
+    for d, _, files in sorted(os.walk(home)):
+        for f in sorted(files):
+            if f.endswith((".out", ".log", ".err")):
+                with open(os.path.join(d, f), errors="replace") as fh:
+                    parts.append(f"\n==== {os.path.join(d, f)}\n" + fh.read()[-chars:])
+    return "".join(parts)
 
 
 def _execute_notebook(tmp_path, env: dict) -> str:
