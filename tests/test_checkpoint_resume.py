@@ -124,7 +124,7 @@ def test_trainer_chosen_interval_is_dalys_optimum_and_resumes_exactly(runs):
     assert [s["resumed_from"] for s in starts] == [None, previous_save] and previous_save < KILLED_AT
     again = [d for d in decisions if d["after"] == "restart"]
     assert again and again[0]["step"] == previous_save and again[0]["failures"] == 1
-    assert again[0]["m_source"] == "checkpoint.expected_mtbf_hours (1 interruption(s) seen)"
+    assert again[0]["m_source"] == "the user's estimate (checkpoint.expected_mtbf_hours; 1 interruption(s) seen)"
     assert "checkpoint interval: " in log and "Daly's optimum for C" in log
     losses = {r["step"]: r["loss"] for r in read_metrics(runs["straight"])}
     adaptive_losses = {r["step"]: r["loss"] for r in read_metrics(adaptive)}  # the last run of each step

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_resilience.goodput.mtbf import MIN_FAILURES, Mtbf, choose  # noqa: F401 (MIN_FAILURES: read from here too)
 from megatron_resilience.records.jsonl import read_jsonl  # noqa: E402,F401 (read from here too)
-
-MIN_FAILURES = 3  # interruptions seen before a run's own M replaces the user's estimate
 
 
 def save_blocking(rec: dict[str, Any]) -> float | None:
@@ -131,14 +130,8 @@ def failures(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *
 
 
 def mtbf(records: list[dict[str, Any]], ledger: list[dict[str, Any]] = (), *, estimate_s: float | None = None,
-         now: float | None = None, new_cycle: bool = False) -> tuple[float | None, str, int]:
-    """(M in seconds or None, where it came from, interruptions seen): the run's own allocated time / interruptions
-    once it has seen ``MIN_FAILURES``; the user's estimate before that; the few seen when there is no estimate."""
-    seen = failures(records, ledger, new_cycle=new_cycle)
-    seconds = allocated_seconds(records, now=now)
-    if seen >= MIN_FAILURES or (seen and estimate_s is None):
-        note = "" if seen >= MIN_FAILURES else f" (fewer than {MIN_FAILURES}: a rough estimate)"
-        return seconds / seen, f"{seconds:.0f} s / {seen} interruption(s){note}", seen
-    if estimate_s is not None:
-        return estimate_s, f"checkpoint.expected_mtbf_hours ({seen} interruption(s) seen)", seen
-    return None, "no interruption seen and no estimate", seen
+         now: float | None = None, new_cycle: bool = False) -> Mtbf:
+    """M as the trainer knows it at a restart: its records' allocated time and interruptions, by the one rule of
+    :func:`megatron_resilience.goodput.mtbf.choose`."""
+    return choose(allocated_s=allocated_seconds(records, now=now),
+                  interruptions=failures(records, ledger, new_cycle=new_cycle), estimate_s=estimate_s)

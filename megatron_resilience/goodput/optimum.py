@@ -5,12 +5,12 @@
 - R: the mean allocated time from an interruption to the first training step of the next cycle (detection,
   restart, startup, checkpoint load; queue wait is not allocated and not counted): the mean, not the median,
   because restart costs add up and on a loaded machine a few slow restarts are a real part of them;
-- M: allocated time / interruptions once the run has seen ``MIN_FAILURES``; until then the user's estimate
-  (``checkpoint.expected_mtbf_hours``, from the trainer's ``checkpoint_interval`` records) when there is one,
-  else the few seen. Every interruption counts, failures and preemptions alike: a scheduler's preemption or
-  maintenance is as unplanned for the job as a failure (Llama 3 counts host maintenance among its unexpected
-  interruptions), and it costs a restart too (a planned stop at a time limit counts as well: it cannot be told
-  apart);
+- M: by the rule the trainer chose its interval with (:func:`megatron_resilience.goodput.mtbf.choose`), from the
+  allocation Slurm gave the run and the accounting's interruptions; the user's estimate comes from the trainer's
+  ``checkpoint_interval`` records. Every interruption counts, failures and preemptions alike: a scheduler's
+  preemption or maintenance is as unplanned for the job as a failure (Llama 3 counts host maintenance among its
+  unexpected interruptions), and it costs a restart too (a planned stop at a time limit counts as well: it cannot be
+  told apart);
 - tau: the median compute time between two periodic saves of one cycle (the wall time between their
   requests minus the earlier one's stall), and the steps between them (so seconds per step); when no
   cycle lived through two periodic saves (an interval longer than the time between faults), the spacing
@@ -30,12 +30,12 @@ from typing import Any
 from megatron_resilience.goodput import daly
 from megatron_resilience.goodput.accounting import Accounting
 from megatron_resilience.goodput.history import (
-    MIN_FAILURES,
     between_saves,
     periodic_save_seconds,
     save_spacing,
     wall_seconds_per_step,
 )
+from megatron_resilience.goodput.mtbf import choose
 
 
 @dataclass
@@ -85,15 +85,9 @@ def measure(acc: Accounting, records: list[dict[str, Any]]) -> Optimum:
     restarts = [i.restart_seconds for i in acc.interruptions if i.restart_seconds is not None]
     if restarts:
         out.r = statistics.fmean(restarts)
-    estimate = _user_mtbf(records)
-    if out.failures >= MIN_FAILURES or (out.failures and estimate is None):
-        out.m = acc.allocated / out.failures
-        out.m_source = f"{acc.allocated:.0f} s allocated / {out.failures} interruption(s)"
-        if out.failures < MIN_FAILURES:
-            out.m_source += f" (fewer than {MIN_FAILURES}: a rough estimate)"
-    elif estimate is not None:
-        out.m = estimate
-        out.m_source = f"the user's estimate (checkpoint.expected_mtbf_hours; {out.failures} interruption(s) seen)"
+    m = choose(allocated_s=acc.allocated, interruptions=out.failures, estimate_s=_user_mtbf(records))
+    out.m = m.seconds
+    out.m_source = m.source if m.seconds is not None else ""
     between = between_saves(records)
     if between:
         out.tau = statistics.median(s for s, _ in between)

@@ -103,8 +103,9 @@ class AdaptiveInterval:
         if not saves or not per_step:
             return None  # nothing measured yet: keep the first interval
         c, step_s = statistics.median(saves), statistics.median(per_step)
-        m, source, failures = history.mtbf(records, ledger, estimate_s=self.estimate_s, now=time.time(),
-                                           new_cycle=why == "restart")
+        found = history.mtbf(records, ledger, estimate_s=self.estimate_s, now=time.time(),
+                             new_cycle=why == "restart")
+        m, source, failures = found.seconds, found.source, found.interruptions
         if m is None or c <= 0 or step_s <= 0:
             return None
         tau = daly.daly_interval(c, m)
