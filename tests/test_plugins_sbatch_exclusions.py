@@ -2,14 +2,14 @@
 before the requeue, and the list is emptied (``ExcNodeList=``) when its last exclusion ends.
 
 The rendered sbatch script runs under bash attempt after attempt, with stubs for ``srun``, ``scontrol`` and
-``sinfo`` (``DRAINED`` names the nodes sinfo shows drained): see tests/test_plugins_sbatch_logic.py.
+``sinfo`` (``DRAINED`` names the nodes sinfo shows drained): see tests/sbatch_attempts.py.
 """
 
 from __future__ import annotations
 
 import json
 
-from test_plugins_sbatch_logic import ledger, render, run_attempts
+from sbatch_attempts import ledger, render, run_attempts
 
 
 def test_a_drained_node_is_excluded_at_the_requeue_and_the_list_is_emptied_when_it_is_usable_again(tmp_path):
