@@ -19,14 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from dashboards_support import read_tensorboard
-from resilience_support.launch import (
-    DEFAULT_TIMEOUTS,
-    Run,
-    launch,
-    log_time,
-    run_to_end,
-    wait_for,
-)
+from resilience_support.hang_order import assert_hang_detected_in_order
+from resilience_support.launch import DEFAULT_TIMEOUTS, Run, launch, run_to_end, sigterm_ranks_after, wait_for
 from resilience_support.stop import finish_record, finished_at
 
 pytestmark = pytest.mark.slow
@@ -80,13 +74,7 @@ def _preempted(root):
     overrides = BASE + ["train.exit_signal_handler=true"]
     first = launch(root / "preempted", overrides, max_restarts=0)
     # Between two periodic checkpoints (10 and 20), so the signal's own checkpoint is what saves the work.
-    wait_for(lambda: (first.run_dir / "metrics.jsonl").exists() and len(first.train_records()) >= 12,
-             timeout=WAIT, what="step 12")
-    workers = first.worker_pids()
-    assert sorted(workers) == [0, 1], workers
-    for pid, _ in workers.values():
-        os.kill(pid, signal.SIGTERM)
-    first.wait(WAIT)
+    sigterm_ranks_after(first, 12, timeout=WAIT)
     first.extra["after_first"] = {"stop_reason": first.stop_reason(), "flag": first.flag.exists(),
                                   "checkpoints": first.checkpoint_steps(), "records": len(first.train_records()),
                                   "saves": [(r["step"], r["reason"]) for r in first.records()
@@ -215,40 +203,11 @@ def test_4_learned_timeouts_persisted_in_ft_state_json_and_used_after_restart(ru
     assert final["is_out_of_section_calculated"] is True
 
 
-def _assert_hang_detected_in_order(run, *, fault_line: str, detected_line: str, timeout: float,
-                                   resumed_step: int | None) -> list[str]:
-    """The causal order, with bounds that catch a kill before the fault and a detection that never comes:
-    the fault, then (>= timeout later) the monitor's line, then the restart, then the resume.
-
-    Nothing is detected or restarted before the fault. The lower bound is the monitor's own statement (open/waited
-    longer than the timeout) and the log clocks; the upper bound is what the monitor says it waited (a learned
-    timeout may be longer than the configured one) plus generous slack (2 cores shared by many launches).
-    """
-    log = run.log().splitlines()
-    faults = [i for i, line in enumerate(log) if "SIMULATED FAULT at" in line]
-    assert faults, "the fault never fired:\n" + "\n".join(log)[-6000:]
-    fault = faults[0]
-    assert fault_line in log[fault], log[fault]
-    detected = [i for i, line in enumerate(log) if detected_line in line]
-    restarts = [i for i, line in enumerate(log) if "will restart worker group" in line]
-    assert detected and min(detected) > fault, "detected before the fault (a healthy rank killed)"
-    assert not [i for i in restarts if i < fault], "restarted before the fault"
-    first = log[min(detected)]
-    waited = float(re.search(r"(?:open for|Waited) ([\d.]+) seconds", first).group(1))
-    assert waited >= timeout, first
-    assert timeout - 1.0 <= log_time(first) - log_time(log[fault]) <= waited + 180.0, (log[fault], first)
-    if resumed_step is not None:
-        restart = next(i for i in restarts if i > min(detected))
-        resumed = next(i for i, line in enumerate(log) if f"setup: resumed at step {resumed_step}" in line)
-        assert restart < resumed, (restart, resumed)
-    return log
-
-
 def test_2_rank_hung_in_step_detected_after_the_step_timeout_then_restarts_and_resumes(runs):
     run = _get(runs, "hung_step")
     assert run.returncode == 0, run.log()[-3000:]
-    log = _assert_hang_detected_in_order(run, fault_line="rank_hung on rank 1", detected_line="Section 'step' has "
-                                         "been open for", timeout=HUNG_STEP_TIMEOUT, resumed_step=4)
+    log = assert_hang_detected_in_order(run, fault_line="rank_hung on rank 1", detected_line="Section 'step' has "
+                                        "been open for", timeout=HUNG_STEP_TIMEOUT, resumed_step=4)
     banner = next(line for line in log if "SIMULATED FAULT at" in line)
     assert "at the start of step 7" in banner
     detected = [line for line in log if "Section 'step' has been open for" in line]
@@ -264,8 +223,8 @@ def test_2b_heartbeat_mode_detects_a_hung_rank_resumes_exactly_and_learns_heartb
            f"initial={HEARTBEAT_INITIAL:.2f}s subsequent={HEARTBEAT_TIMEOUT:.2f}s" in log
     hb = json.loads((run.ckpt / "ft_state.json").read_text())["current_timeouts"]["heartbeat"]
     # The hang comes after the step-10 save, where the learned timeouts replaced the configured ones.
-    _assert_hang_detected_in_order(run, fault_line="rank_hung on rank 0", detected_line="Did not get subsequent "
-                                   "heartbeat", timeout=min(HEARTBEAT_TIMEOUT, hb["subsequent"]), resumed_step=10)
+    assert_hang_detected_in_order(run, fault_line="rank_hung on rank 0", detected_line="Did not get subsequent "
+                                  "heartbeat", timeout=min(HEARTBEAT_TIMEOUT, hb["subsequent"]), resumed_step=10)
     assert "at the start of step 15" in log and "Section '" not in log
     assert run.stop_reason()["reason"] == "finished"
     assert run.losses() == ref.losses()  # resumed from step 10: no work lost, bitwise
@@ -276,9 +235,9 @@ def test_2b_heartbeat_mode_detects_a_hung_rank_resumes_exactly_and_learns_heartb
 def test_3_hang_inside_checkpointing_detected_by_the_checkpointing_timeout(runs):
     run = _get(runs, "hung_ckpt")
     log = run.log()
-    lines = _assert_hang_detected_in_order(run, fault_line="rank_hung on rank 0", detected_line="Section "
-                                           "'checkpointing' has been open for", timeout=HUNG_CHECKPOINT_TIMEOUT,
-                                           resumed_step=None)
+    lines = assert_hang_detected_in_order(run, fault_line="rank_hung on rank 0", detected_line="Section "
+                                          "'checkpointing' has been open for", timeout=HUNG_CHECKPOINT_TIMEOUT,
+                                          resumed_step=None)
     banner = next(line for line in lines if "SIMULATED FAULT at" in line)
     assert "inside the checkpoint save after step 4" in banner
     detected = [line for line in lines if "Section 'checkpointing' has been open for" in line]

@@ -20,13 +20,11 @@ Real ft_launcher, torchrun, Megatron-Core's FSDP2 adapter and dist_checkpointing
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 
 import pytest
 from conftest import read_metrics, start_torchrun
-from resilience_support.launch import launch, run_to_end, wait_for
+from resilience_support.launch import launch, run_to_end, sigterm_ranks_after
 
 pytestmark = pytest.mark.slow
 
@@ -43,13 +41,7 @@ def _preempted(root, also):
     overrides = BASE + SLOW + ["train.exit_signal_handler=true"]
     first = launch(root / "preempted", overrides, max_restarts=0)
     other = also()
-    wait_for(lambda: (first.run_dir / "metrics.jsonl").exists() and len(first.train_records()) >= 6,
-             timeout=WAIT, what="step 6")
-    workers = first.worker_pids()
-    assert sorted(workers) == [0, 1], workers
-    for pid, _ in workers.values():
-        os.kill(pid, signal.SIGTERM)
-    first.wait(WAIT)
+    sigterm_ranks_after(first, 6, timeout=WAIT)
     saves = [(r["step"], r["reason"]) for r in first.records() if r["kind"] == "checkpoint"]
     first_log = first.log()
     second = launch(root / "preempted", BASE + ["train.exit_signal_handler=true"], max_restarts=0)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from resilience_support.polling import poll
 from resilience_support.ports import PortBlock, reserve
 
 JOB_PORT_ENV = "MEGATRON_RESILIENCE_JOB_PORT"
@@ -152,13 +153,23 @@ def run_to_end(run_dir: Path, overrides: list[str], *, timeout: float, **kwargs)
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.2, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """``predicate()``'s first truthy value; AssertionError after ``timeout`` s (``resilience_support.polling``)."""
+    return poll(predicate, timeout=timeout, interval=interval, what=what)
+
+
+def sigterm_ranks_after(run: Run, steps: int, *, timeout: float) -> None:
+    """Once ``run`` has trained ``steps`` steps, SIGTERM both of its ranks (as a scheduler's signal reaches them) and
+    wait up to ``timeout`` s for the launch to end.
+
+    Why shared: every preemption test that needs the signal while the run trains (tests/test_resilience_faults.py,
+    tests/test_torch_fsdp2.py) stops it this way; the step is theirs to choose (between two periodic saves)."""
+    wait_for(lambda: (run.run_dir / "metrics.jsonl").exists() and len(run.train_records()) >= steps,
+             timeout=timeout, what=f"step {steps}")
+    workers = run.worker_pids()
+    assert sorted(workers) == [0, 1], workers
+    for pid, _ in workers.values():
+        os.kill(pid, signal.SIGTERM)
+    run.wait(timeout)
 
 
 def log_time(line: str) -> float:
