@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from resilience_support.polling import poll
+
 from megatron_resilience.records.jsonl import read_jsonl
 from megatron_resilience.records.names import METRICS_FILE
 from slurm.cluster import SlurmCluster, attempts, job_info, wait_for_job
@@ -76,6 +78,11 @@ class Job:
         with open(os.path.join(self.run_dir, "stop_reason.json")) as f:
             return json.load(f)
 
+    def job_results(self) -> list[str]:
+        """nemo_run's FT sbatch bookkeeping: one '<job id> <restart> S|F' line per Slurm run."""
+        (path,) = [os.path.join(self.job_dir, p) for p in os.listdir(self.job_dir) if p.endswith("_job_results")]
+        return open(path).read().split("\n")[:-1]
+
     def describe(self) -> str:
         """For assertion messages: Slurm's view, then the tail of each log, the trainer's newest attempt first
         (what ended the job; a CI report shows the start of a long message), the batch script's last."""
@@ -84,6 +91,24 @@ class Job:
         tails = "".join(f"\n==> {os.path.basename(p)} (tail) <==\n" + open(p, errors="replace").read()[-2500:]
                         for p in files)
         return f"{self.name} (job {self.slurm_id}): {self.info()}\n{self.attempts()}{tails}"
+
+
+def tiny_task(root: str, name: str, *, max_steps: int, save_interval: int | None, nodes: int = 1, ranks: int = 2,
+              **edits: Any) -> Any:
+    """The ``gpt_tiny`` recipe (fault tolerance, straggler reports, rerun state machine, exit handler on) on ``nodes``
+    x ``ranks`` CPU ranks, ``max_steps`` long, then ``section__field=value`` edits.
+
+    Why here: the Slurm modules' jobs (resilience, preemption, multi-node) all start from this task; one builder
+    keeps their edits spelled and applied the same way."""
+    from megatron_resilience.recipes import RECIPES
+
+    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=nodes, num_gpus_per_node=ranks)
+    task.train.max_steps = max_steps
+    task.checkpoint.save_interval = save_interval
+    for key, value in edits.items():
+        section, field = key.split("__")
+        setattr(getattr(task, section), field, value)
+    return task
 
 
 def submit(name: str, task: Any, executor: Any, plugins: list[Any] = (), *, run_dir: str) -> Job:
@@ -116,13 +141,8 @@ def tick_probe(cluster: SlurmCluster) -> str:
 
 
 def wait_until(predicate, *, timeout: float, interval: float = 0.25, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+    """``predicate()``'s first truthy value; TimeoutError after ``timeout`` s (``resilience_support.polling``)."""
+    return poll(predicate, timeout=timeout, interval=interval, what=what, error=TimeoutError)
 
 
 def ranks_catching(job: Job, ranks: int, signum: int = 15) -> bool:

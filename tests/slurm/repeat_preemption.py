@@ -20,7 +20,7 @@ from loadgen import saturated
 
 from slurm import test_resilience_on_slurm as m
 from slurm.cluster import wait_for_job
-from slurm.jobs import signal_when_training
+from slurm.jobs import signal_when_training, tiny_task
 
 REPEAT = int(os.environ.get("REPEAT", "10"))
 
@@ -29,7 +29,7 @@ def test_signal_before_the_first_save_n_times_under_load(slurm_cluster, nemorun_
     root = os.path.join(slurm_tmp, "repeat_preemption")
 
     def submit(name, plugins=()):
-        task = m.tiny(root, name, max_steps=m.STEPS, save_interval=10)
+        task = tiny_task(root, name, max_steps=m.STEPS, save_interval=10)
         executor = slurm_cluster.executor(time="00:30:00", ntasks_per_node=2, launcher="torchrun")
         return m.submit(name, task, executor, list(plugins), run_dir=task.run_dir)
 

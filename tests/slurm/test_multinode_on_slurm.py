@@ -29,12 +29,11 @@ from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import SlurmCluster, use_cluster, wait_for_job
-from slurm.jobs import Job, signal_when_training, submit
+from slurm.jobs import Job, signal_when_training, submit, tiny_task
 
 run = import_nemo_run()
 
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
-from megatron_resilience.recipes import RECIPES  # noqa: E402
 
 NODES = 2
 STEPS = 60
@@ -43,13 +42,8 @@ LAUNCHER = re.compile(r"\[ft_launcher(\d+)@")
 
 
 def _task(root: str, name: str, **edits):
-    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=NODES, num_gpus_per_node=1)
-    task.train.max_steps = STEPS
-    task.checkpoint.save_interval = 10
-    for key, value in edits.items():
-        section, field = key.split("__")
-        setattr(getattr(task, section), field, value)
-    return task
+    """``gpt_tiny`` on one rank per node of ``NODES``, ``STEPS`` steps, a checkpoint every 10 steps; ``edits``."""
+    return tiny_task(root, name, nodes=NODES, ranks=1, max_steps=STEPS, save_interval=10, **edits)
 
 
 @pytest.fixture(scope="module")

@@ -37,12 +37,11 @@ from loadgen import saturated
 
 from megatron_resilience.upstream import import_nemo_run, installed_versions
 from slurm.cluster import wait_for_job
-from slurm.jobs import Job, ranks_catching, scancel_signal, submit, wait_until, waiting_rank
+from slurm.jobs import Job, ranks_catching, scancel_signal, submit, tiny_task, wait_until, waiting_rank
 
 run = import_nemo_run()
 
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
-from megatron_resilience.recipes import RECIPES  # noqa: E402
 
 STEPS = 40
 SETUP_SAVE_INTERVAL = 20  # the "setup" job's: its window for a signal inside a step before the first save
@@ -59,13 +58,7 @@ PREEMPTED_REQUEUE = "decision (nemo_run): requeue: preempted: not a failure, req
 
 def tiny(root: str, name: str, **edits):
     """``gpt_tiny`` on 2 ranks, 40 steps, a checkpoint every 10 steps; ``section__field=value`` edits."""
-    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=1, num_gpus_per_node=2)
-    task.train.max_steps = STEPS
-    task.checkpoint.save_interval = 10
-    for key, value in edits.items():
-        section, field = key.split("__")
-        setattr(getattr(task, section), field, value)
-    return task
+    return tiny_task(root, name, nodes=1, ranks=2, max_steps=STEPS, save_interval=10, **edits)
 
 
 # --- aiming the signal --------------------------------------------------------------------------------------------

@@ -30,17 +30,17 @@ import threading
 import time
 
 import pytest
+from resilience_support.launch import log_time
 from resilience_support.stop import finish_record, finished_at
 
 from megatron_resilience.upstream import import_nemo_run
 from slurm.cluster import wait_for_job
-from slurm.jobs import Job, requeue_when_completed, signal_when_training, submit, waiting_rank
+from slurm.jobs import Job, requeue_when_completed, signal_when_training, submit, tiny_task, waiting_rank
 from slurm.time_limit import limit_back_after_first_run, limit_when_training
 
 run = import_nemo_run()
 
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
-from megatron_resilience.recipes import RECIPES  # noqa: E402
 
 # The limit job must still train when the warning comes: up to 40 s waiting for its run time to reach 30-50 s past
 # a minute, then <= 30 s to slurmctld's tick. Its rank 0 waits 0.1 s in every step (a sleep: no CPU, no effect on
@@ -60,19 +60,8 @@ SIGNAL_AFTER_STEP = 5  # scancel jobs: signal once training is under way
 SCANCEL_JOBS = ("script", "inline", "torchrun")
 
 
-def tiny(root: str, name: str, *, max_steps: int, save_interval: int | None, ranks: int = 2, **edits):
-    """The ``gpt_tiny`` recipe (fault tolerance, straggler reports, rerun state machine, exit handler on)."""
-    task = RECIPES["gpt_tiny"](dir=root, name=name, num_nodes=1, num_gpus_per_node=ranks)
-    task.train.max_steps = max_steps
-    task.checkpoint.save_interval = save_interval
-    for key, value in edits.items():
-        section, field = key.split("__")
-        setattr(getattr(task, section), field, value)
-    return task
-
-
 def trainer_args(run_dir: str, max_steps: int) -> list[str]:
-    """``python -m megatron_resilience`` overrides equal to ``tiny(...)`` (same numerics as the Partial)."""
+    """``python -m megatron_resilience`` overrides equal to ``tiny_task(...)`` (same numerics as the Partial)."""
     return [f"run_dir={run_dir}", f"train.max_steps={max_steps}", "train.device=cpu",
             f"checkpoint.save={run_dir}/checkpoints", "checkpoint.save_interval=10",
             "ft.enabled=true", "ft.calc_ft_timeouts=true", "rerun.rerun_mode=validate_results"]
@@ -96,7 +85,7 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
         threads[-1].start()
 
     def partial(name, ranks=2, launcher="torchrun", time="00:30:00", plugins=(), extra=None, **task_kw):
-        task = tiny(root, name, ranks=ranks, **task_kw)
+        task = tiny_task(root, name, ranks=ranks, **task_kw)
         executor = cluster.executor(time=time, ntasks_per_node=ranks, launcher=launcher, **(extra or {}))
         js[name] = submit(name, task, executor, list(plugins), run_dir=task.run_dir)
 
@@ -178,12 +167,6 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
             "limit_update": limit_update}
 
 
-def _job_results(job: Job) -> list[str]:
-    """nemo_run's FT sbatch bookkeeping: one '<job id> <restart> S|F' line per Slurm run."""
-    (path,) = [os.path.join(job.job_dir, p) for p in os.listdir(job.job_dir) if p.endswith("_job_results")]
-    return open(path).read().split("\n")[:-1]
-
-
 def _stopped_by_signal(job: Job, ranks: int, *, launcher: bool = True) -> int:
     """The step after which the first run stopped on SIGTERM; asserts that every rank got the signal."""
     first = job.attempt_log(0)
@@ -231,14 +214,8 @@ def test_1a_time_limit_warning_reaches_every_rank_before_the_limit(jobs):
     h, m, s = (int(x) for x in first["Elapsed"].split(":"))
     assert h * 3600 + m * 60 + s < update["minutes"] * 60, (update, first)
     signal_log = next(line for line in limit.attempt_log(0).splitlines() if "stopping after step" in line)
-    assert _log_time(signal_log) > update["wall"] - 1, (update, signal_log)  # after the limit was set
+    assert log_time(signal_log) > update["wall"] - 1, (update, signal_log)  # after the limit was set
     assert finals["limit"]["JobState"] == "COMPLETED", limit.describe()
-
-
-def _log_time(line: str) -> float:
-    m = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]", line)
-    assert m, line
-    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
 
 
 def test_1b_time_limit_checkpoint_requeue_resume_every_step_once(jobs):
@@ -247,7 +224,7 @@ def test_1b_time_limit_checkpoint_requeue_resume_every_step_once(jobs):
     # Losses equal to an uninterrupted run after a signal's checkpoint: test_2b (the same stop, save and resume).
     _assert_resumed_and_completed(limit, finals, max_steps=LIMIT_STEPS, ranks=2)
     # Both runs are recorded as successes: the preemption spent none of the job's failure retries.
-    assert _job_results(limit) == [f"{limit.slurm_id} 0 S", f"{limit.slurm_id} 1 S"], limit.describe()
+    assert limit.job_results() == [f"{limit.slurm_id} 0 S", f"{limit.slurm_id} 1 S"], limit.describe()
 
 
 # --- 2. the signal reaches the trainer for Partial and Script tasks ----------------------------------------------
@@ -346,7 +323,7 @@ def test_3b_exhausted_in_job_restarts_are_requeued_then_the_job_stops(jobs):
     assert len(runs) <= 1 + 2  # num_job_retries_on_failure=2: never more requeues than that
     assert int(info["Restarts"]) == len(runs) - 1, job.describe()  # stopped: no requeue pending
     _assert_every_run_exhausted_its_in_job_restarts(job, len(runs))
-    assert _job_results(job) == [f"{job.slurm_id} {n} F" for n in range(len(runs))], job.describe()
+    assert job.job_results() == [f"{job.slurm_id} {n} F" for n in range(len(runs))], job.describe()
 
 
 def test_3b_retries_count_is_num_job_retries_on_failure_and_the_job_ends_failed(jobs):
