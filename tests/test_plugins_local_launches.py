@@ -26,6 +26,7 @@ import time
 import psutil
 import pytest
 from nvrx_releases import ensure
+from resilience_support.processes import ft_launcher_among
 
 pytestmark = pytest.mark.slow
 
@@ -74,13 +75,7 @@ class Driver:
         return "".join(open(p, errors="replace").read() for p in sorted(paths))
 
     def ft_launcher(self) -> psutil.Process | None:
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if any(os.path.basename(part) == "ft_launcher" for part in child.cmdline()[:2]):
-                    return child
-            except psutil.NoSuchProcess:
-                continue
-        return None
+        return ft_launcher_among(psutil.Process(self.proc.pid).children(recursive=True))
 
     def wait(self, timeout: float) -> int:
         try:

@@ -47,6 +47,7 @@ import time
 import psutil
 import pytest
 from megatron_lm_run import ENV, NEWEST, REPO, SCRIPT, iteration_losses, tiny_gpt_args
+from resilience_support.processes import ft_launcher_among
 
 pytestmark = pytest.mark.slow
 
@@ -105,13 +106,7 @@ class Run:
             return []
 
     def ft_launcher(self) -> psutil.Process | None:
-        for child in self.processes():
-            try:
-                if any(os.path.basename(part) == "ft_launcher" for part in child.cmdline()[:2]):
-                    return child
-            except psutil.NoSuchProcess:
-                continue
-        return None
+        return ft_launcher_among(self.processes())
 
     def rank(self, rank: int) -> psutil.Process | None:
         for child in self.processes():
