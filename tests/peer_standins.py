@@ -207,3 +207,18 @@ def bridge_container(**train: Any) -> ConfigContainer:
                                                    "micro_batch_size": 1, **train}),
                            checkpoint=CheckpointConfig(save="/lustre/runs/llama/ckpt", save_interval=100,
                                                        load="/lustre/runs/llama/ckpt"))
+
+
+def bridge_partial(*, as_config: bool) -> Any:
+    """A Bridge user's ``run.Partial(pretrain, config=..., forward_step_func=...)``, its config either what a recipe
+    returns (:func:`bridge_container`) or, ``as_config``, a ``run.Config`` of a ``ConfigContainer``; call it inside
+    :func:`installed`.
+
+    Why here: tests/test_peers_bridge.py (FT and preemption) and tests/test_peers_inprocess.py (in-process restart)
+    configure these same two task forms with our plugins."""
+    from megatron_resilience.upstream import import_nemo_run
+
+    run = import_nemo_run()
+    config = run.Config(ConfigContainer, train=run.Config(TrainingConfig, train_iters=7),
+                        checkpoint=run.Config(CheckpointConfig, save="/ck")) if as_config else bridge_container()
+    return run.Partial(bridge_pretrain, config=config, forward_step_func=bridge_forward_step)

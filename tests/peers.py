@@ -142,3 +142,21 @@ print("PARSED " + json.dumps(out))
     line = next((x for x in proc.stdout.splitlines() if x.startswith("PARSED ")), None)
     assert line is not None, proc.stderr[-3000:]
     return json.loads(line[len("PARSED "):])
+
+
+def bridge_hydra(probe: str, cases: list) -> list[dict]:
+    """Run ``probe`` (Python that reads JSON ``cases`` on stdin, puts Megatron-Bridge's Hydra parser to work through
+    :func:`bridge_modules` and prints ``HYDRA <json>``) in a fresh interpreter with megatron-core 0.19.2 and the
+    parser's dependencies on its path and ``tests/`` as ``sys.argv[1]``; the JSON it printed.
+
+    Why shared: tests/test_peers_bridge.py (FT and preemption overrides) and tests/test_peers_inprocess.py (in-process
+    restart overrides) ask Bridge's parser about different sections the same way."""
+    import json
+
+    ensure()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ensure_newest()), str(PEERS / "hydra")])}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", probe, os.path.dirname(__file__)],
+                          input=json.dumps(cases), env=env, capture_output=True, text=True, timeout=300)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("HYDRA ")), None)
+    assert line is not None, proc.stderr[-3000:]
+    return json.loads(line[len("HYDRA "):])

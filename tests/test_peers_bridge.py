@@ -10,10 +10,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import fiddle as fdl
 import peer_standins as ps
@@ -88,13 +85,7 @@ print("HYDRA " + json.dumps(out))
 
 
 def _hydra(cases: list[dict]) -> list[dict]:
-    peers.ensure()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(peers.ensure_newest()), str(peers.PEERS / "hydra")])}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", _HYDRA_PROBE, os.path.dirname(__file__)],
-                          input=json.dumps(cases), env=env, capture_output=True, text=True, timeout=300)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("HYDRA ")), None)
-    assert line is not None, proc.stderr[-3000:]
-    return json.loads(line[len("HYDRA "):])
+    return peers.bridge_hydra(_HYDRA_PROBE, cases)
 
 
 def _rendered_overrides(**preemption) -> list[str]:
@@ -158,10 +149,7 @@ def test_bridge_partial_is_configured_as_bridges_plugin_did(as_config, caplog):
 
     caplog.set_level(logging.INFO, "megatron_resilience.plugins")
     with ps.installed():
-        container = ps.bridge_container()
-        config = run.Config(ps.ConfigContainer, train=run.Config(ps.TrainingConfig, train_iters=7),
-                            checkpoint=run.Config(ps.CheckpointConfig, save="/ck")) if as_config else container
-        task = run.Partial(ps.bridge_pretrain, config=config, forward_step_func=ps.bridge_forward_step)
+        task = ps.bridge_partial(as_config=as_config)
         executor = run.SlurmExecutor(account="acct", time="01:00:00", tunnel=run.LocalTunnel(job_dir="/cluster/exp"),
                                      signal="15@60")
         executor.assign("job_1", "/cluster/exp/job_1", task_id="job", task_dir="job")

@@ -17,10 +17,6 @@ The stand-ins (``tests/peer_standins.py``) are checked against the wheel's sourc
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 
 import fiddle as fdl
 import peer_standins as ps
@@ -88,13 +84,7 @@ print("HYDRA " + json.dumps(out))
 
 
 def _hydra(cases: list[list[str]]) -> list[dict]:
-    peers.ensure()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(peers.ensure_newest()), str(peers.PEERS / "hydra")])}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", _HYDRA_PROBE, os.path.dirname(__file__)],
-                          input=json.dumps(cases), env=env, capture_output=True, text=True, timeout=300)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("HYDRA ")), None)
-    assert line is not None, proc.stderr[-3000:]
-    return json.loads(line[len("HYDRA "):])
+    return peers.bridge_hydra(_HYDRA_PROBE, cases)
 
 
 def test_bridges_parser_builds_its_in_process_restart_config_from_our_overrides():
@@ -126,10 +116,7 @@ def test_a_bridge_partial_gets_the_section_and_the_checkpoint_fields(as_config, 
 
     caplog.set_level(logging.INFO, "megatron_resilience.plugins")
     with ps.installed():
-        container = ps.bridge_container()
-        config = run.Config(ps.ConfigContainer, train=run.Config(ps.TrainingConfig, train_iters=7),
-                            checkpoint=run.Config(ps.CheckpointConfig, save="/ck")) if as_config else container
-        task = run.Partial(ps.bridge_pretrain, config=config, forward_step_func=ps.bridge_forward_step)
+        task = ps.bridge_partial(as_config=as_config)
         FaultTolerancePlugin(**PLUGIN).setup(task, slurm())
         built = fdl.build(task).keywords["config"]
     assert built.inprocess_restart == ps.InProcessRestartConfig(enabled=True)
