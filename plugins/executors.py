@@ -13,6 +13,11 @@ rest differs per executor, and a setting that does not apply is logged, never si
 | LeptonExecutor            | -                | -                    | written by pre_launch_commands      |
 | DGXCloud/KubeflowExecutor | -                | -                    | no way to ship it (logged)          |
 
+Only SlurmExecutor's job runs in a batch script of ours (``batch_script``: the restart policy's decision between
+attempts, ft_launcher flags nemo_run cannot render), can shrink and grow between attempts (``node_range``), shares
+its nodes' ports with other users' jobs (``port_block``: a port block from the job id) and starts ranks with srun
+(``srun``: ``--kill-on-bad-exit``). The plugins ask the profile for the ability, never for the executor's class.
+
 What each way of shipping the FT config does is ``ft_config_delivery.py`` (the plugin has no per-executor branch
 for it). Subclasses get their base class's row. An executor nemo_run cannot run a task on (KubeRayExecutor hosts
 Ray clusters; any class outside nemo_run's scheduler table) is an error that names the ones that work.
@@ -38,15 +43,16 @@ class ExecutorProfile:
     ft_config: str | None  # how the FT config file reaches ft_launcher (see the table above); None: it cannot
     max_restarts: bool  # nemo_run renders --max-restarts (DGX Cloud drops it)
     command_flags: bool  # ft_launcher flags nemo_run cannot render can be added (the sbatch script)
-
-    @property
-    def is_slurm(self) -> bool:
-        return self.kind == "slurm"
+    batch_script: bool  # a batch script of ours runs around the job step and decides between attempts
+    node_range: bool  # the job can be requeued on fewer or more nodes (an elastic node range)
+    port_block: bool  # other jobs share the nodes: the job takes a port block of its own from its job id
+    srun: bool  # the launcher is started by srun (whose --kill-on-bad-exit can end ranks a wrapper keeps)
 
 
 def _profiles(run: Any) -> list[tuple[type, dict[str, Any]]]:
     rows = [(run.SlurmExecutor, dict(kind="slurm", scheduler_signal=True, retries="slurm", ft_config="sbatch",
-                                     command_flags=True)),
+                                     command_flags=True, batch_script=True, node_range=True, port_block=True,
+                                     srun=True)),
             (run.LocalExecutor, dict(kind="local", ft_config="local_file")),
             (run.DockerExecutor, dict(kind="docker", retries="count", ft_config="docker_volume")),
             (run.SkypilotExecutor, dict(kind="skypilot", ft_config="skypilot_file_mount")),
@@ -70,7 +76,7 @@ def executor_profile(executor: Any, plugin: str) -> ExecutorProfile:
                 raise ConfigError(f"{plugin}: heterogeneous SlurmExecutor jobs are not supported; use one "
                                   f"SlurmExecutor per job")
             defaults = dict(scheduler_signal=False, retries=None, ft_config=None, max_restarts=True,
-                            command_flags=False)
+                            command_flags=False, batch_script=False, node_range=False, port_block=False, srun=False)
             return ExecutorProfile(name=type(executor).__name__, **{**defaults, **profile})
     raise ConfigError(
         f"{plugin}: {type(executor).__name__} cannot run a task under a launcher (nemo_run has no scheduler that "

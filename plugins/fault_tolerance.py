@@ -195,7 +195,7 @@ class FaultTolerancePlugin(run.Plugin):
         version, source = nvrx_version_for_rendering(self.nvrx_version)
         inprocess_restart.check_version(self, version, source)
         target = trainer_target(task, NAME, self.script_args_converter_fn)
-        mode = ft_trainer.enable_ft(self, target, slurm=profile.is_slurm)
+        mode = ft_trainer.enable_ft(self, target, batch_script=profile.batch_script)
         policy = inprocess_restart.restart_policy(self, version)  # logs when in-process restart chooses it
         node_range.setup(self.min_nodes, editor=target.editor, executor=executor, profile=profile, version=version,
                          restart_policy=policy,
@@ -229,11 +229,11 @@ class FaultTolerancePlugin(run.Plugin):
             self._set_env(executor, ft_cfg_path_env(version), path)
         for key, value in extras.env.items():
             self._set_env(executor, key, value)
-        if profile.is_slurm and (executor.nodes or 1) > 1:
+        if profile.srun and executor.nnodes() > 1:  # srun starts one agent per node, each at its own time
             self._set_rdzv_join_timeout(executor)
         inprocess_restart.apply_executor(self, executor, profile, inprocess)
         code = ft_features.no_restart_exit_code(self, version)
-        if profile.is_slurm:
+        if profile.batch_script:
             if code is not None:  # the batch script's decision does not requeue a job ft_launcher gave up on
                 batch_decision.remember_no_restart_exit_code(executor, code)
             remember_finished_evidence(executor, target)

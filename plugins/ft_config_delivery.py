@@ -38,7 +38,7 @@ CONTAINER_FT_CFG_DIR = "/megatron_resilience/ft_configs"  # where Docker/SkyPilo
 
 def job_place(executor: Any, profile: Any) -> ft_features.JobPlace:
     """Where the job's own files live, seen from the batch shell (Slurm) and from the job step."""
-    if profile.is_slurm:
+    if profile.batch_script:
         host, step = slurm_job_file(executor, "")
         return ft_features.JobPlace(step_dir=step.rstrip("/"), host_dir=host.rstrip("/"))
     if profile.kind == "local":

@@ -44,7 +44,7 @@ def _nemo(plugin: Any, target: TrainerTarget) -> str:
     return "heartbeats"
 
 
-def enable_ft(plugin: Any, target: TrainerTarget, *, slurm: bool) -> str:
+def enable_ft(plugin: Any, target: TrainerTarget, *, batch_script: bool) -> str:
     """Enable FT in the task's trainer (logged); returns the FT mode the launcher is set up for."""
     if target.editor is not None:
         editor = target.editor
@@ -67,7 +67,7 @@ def enable_ft(plugin: Any, target: TrainerTarget, *, slurm: bool) -> str:
                              "RankMonitorClient: sections setup/step/checkpointing, or heartbeats with "
                              "mode='heartbeats'), i.e. enable_ft_package, and learn timeouts if wanted "
                              "(calc_ft_timeouts)")
-    if slurm:
+    if batch_script:
         log.info("%s: on Slurm a trainer that never touches $FAULT_TOL_FINISHED_FLAG_FILE (nvidia-resiliency-ext's "
                  "autoresume contract) is judged finished by the job-level decision from its checkpoint tracker "
                  "against train_iters or its end-of-training line; a trainer it cannot read is requeued until the "

@@ -169,7 +169,7 @@ def check_timeouts(p: Any, mode: str, inprocess: InProcessConfig) -> None:
 
 
 def check_replication(p: Any, factor: int, executor: Any, profile: Any) -> None:
-    nodes = executor.nnodes() if profile.is_slurm else 1
+    nodes = executor.nnodes()
     key = f"{NAME}.replication_factor" if p.local_checkpoint_dir else "checkpoint.replication_factor"
     if factor > 1 and (factor > nodes or nodes % factor):
         raise ConfigError(f"{key}: must be <= the node count and divide it (each replica on another node), got "
@@ -179,7 +179,7 @@ def check_replication(p: Any, factor: int, executor: Any, profile: Any) -> None:
 def apply_executor(p: Any, executor: Any, profile: Any, inprocess: InProcessConfig) -> None:
     if not inprocess.enabled:
         return
-    if profile.is_slurm:
+    if profile.srun:
         srun_args = list(executor.srun_args or [])
         bad = [a for a in srun_args if a.startswith("--kill-on-bad-exit") and a != KILL_ON_BAD_EXIT]
         if bad:

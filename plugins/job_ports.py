@@ -23,7 +23,7 @@ NEMO_RUN_DEFAULT_RDZV_PORT = 29500
 
 
 def install(executor: Any, profile: Any, plugin: str) -> None:
-    if not profile.is_slurm:
+    if not profile.port_block:
         return
     if JOB_PORT_ENV not in executor.env_vars:
         set_env(executor, JOB_PORT_ENV, slurm_block_base_shell())

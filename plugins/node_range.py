@@ -64,7 +64,7 @@ def setup(min_nodes: int | None, *, editor: Any, executor: Any, profile: Any, ve
     if min_nodes is None:
         return
     nodes = int(getattr(executor, "nodes", None) or 1)
-    if not profile.is_slurm:
+    if not profile.node_range:
         if min_nodes != nodes:
             raise ConfigError(f"{NAME}.min_nodes={min_nodes}: a node range needs a SlurmExecutor ({profile.name} "
                               f"runs one fixed set of nodes); leave min_nodes unset")

@@ -101,15 +101,15 @@ class RestartPolicyPlugin(run.Plugin):
         settings = self.settings()
         policy = settings["policy"]
         if policy is None:
-            if profile.is_slurm:
+            if profile.batch_script:
                 batch_decision.remember_policy(executor, settings)
                 batch_decision.install(executor, our_trainer_editor(task, NAME))
             log.info("%s: monitor-only (policy=None): every attempt is classified and recorded in the ledger; "
                      "nothing requeues the job (executor.retries=%r no longer does either)%s", NAME,
-                     executor.retries, "" if profile.is_slurm else f"; {profile.name} has no batch script")
+                     executor.retries, "" if profile.batch_script else f"; {profile.name} has no batch script")
             return
         budgets = ", ".join(f"{m} {n}" for m, n in policy["max_restarts"].items())
-        if not profile.is_slurm:
+        if not profile.batch_script:
             log.info("%s: policy %s checked; %s has no batch script, so nothing decides between attempts "
                      "(ft_launcher's in-job restarts still apply)", NAME, policy["name"], profile.name)
             return

@@ -26,6 +26,7 @@ from megatron_resilience.config.keys import key_listing
 from megatron_resilience.config.overrides import config_to_overrides, reject_repeated_keys
 from megatron_resilience.config.validate import ConfigError
 from megatron_resilience.entry import pretrain
+from megatron_resilience.plugins.executors import executor_profile
 from megatron_resilience.plugins.job_shape import world_size
 from megatron_resilience.plugins.task_check import check_task
 from megatron_resilience.recipes.gpt import RECIPES, to_config
@@ -152,10 +153,6 @@ for _name, _recipe in RECIPES.items():
 
 
 # --- the command -------------------------------------------------------------------------------------------
-
-
-def is_slurm(executor: Any) -> bool:
-    return isinstance(executor, run.SlurmExecutor)
 
 
 USAGE = f"""\
@@ -289,7 +286,7 @@ class PretrainRunContext(RunContext):
                 added_ft = True
         # Every check (the plugins' too) before anything is printed or submitted.
         script = None
-        if executor is not None and is_slurm(executor):
+        if executor is not None and executor_profile(executor, "run.executor").batch_script:  # a script to show
             from megatron_resilience.plugins import preview
 
             script = preview(task, executor, plugins, name=self.name)
