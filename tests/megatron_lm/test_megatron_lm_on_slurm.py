@@ -9,7 +9,9 @@ with ``torch_dist`` the save at a forwarded signal fails, ``test_megatron_lm_loc
 decision reads Megatron-LM's own log and checkpoint tracker: a preemption, requeued without spending a failure
 retry; the second attempt resumes from the signal's checkpoint, finishes, and the job is COMPLETED once — never
 requeued again, though Megatron-LM never touches ``$FAULT_TOL_FINISHED_FLAG_FILE``. The goodput report reads the
-chain from the same logs. Nothing is mocked but the GPU (the CPU layer).
+chain from the same logs. A second job, submitted beside it, raises an exception in Megatron-LM's training loop (its
+own fault injector): classified from the traceback, and ``megatron_transient`` stops the job. Nothing is mocked but
+the GPU (the CPU layer).
 """
 
 from __future__ import annotations
@@ -38,26 +40,45 @@ TRAIN_ITERS = 20
 SAVE_INTERVAL = 5
 
 
+def _submit(cluster, root: str, name: str, extra: tuple[str, ...], **ft) -> tuple[object, str]:
+    ckpt = os.path.join(root, name, "ckpt")
+    task = run.Script(path=SCRIPT, entrypoint="python", args=tiny_gpt_args(
+        train_iters=TRAIN_ITERS, save=ckpt, save_interval=SAVE_INTERVAL, extra=extra))
+    plugins = [FaultTolerancePlugin(nvrx_version="0.7", num_job_retries_on_failure=1, **ft), PreemptionPlugin(),
+               RestartPolicyPlugin(policy="megatron_transient")]
+    executor = cluster.executor(time="00:30:00", ntasks_per_node=2, env_vars=dict(ENV))
+    return submit(name, task, executor, plugins, run_dir=os.path.join(root, name)), ckpt
+
+
+def _ledger(job) -> list[dict]:
+    with open(os.path.join(job.job_dir, "job_ledger.jsonl")) as f:  # no run_dir of ours: the job dir has it
+        return [json.loads(line) for line in f]
+
+
 @pytest.fixture(scope="module")
-def chain(slurm_cluster, nemorun_home, slurm_tmp):
+def jobs(slurm_cluster, nemorun_home, slurm_tmp):
+    """Two jobs at once: ``chain`` (SIGTERM after the first checkpoint) and ``exception`` (Megatron-LM's own fault
+    injector raises in rank 1's training loop after step 3; no in-job restart, so the job-level decision acts)."""
     if not os.path.isdir(os.path.join(NEWEST, "megatron", "training")):
         pytest.fail(f"{NEWEST} has no megatron.training: run scripts/newest/install.sh .venv-newest (make does)")
     root = os.path.join(slurm_tmp, "megatron_lm_on_slurm")
-    os.makedirs(root, exist_ok=True)
-    ckpt = os.path.join(root, "ckpt")
-    task = run.Script(path=SCRIPT, entrypoint="python", args=tiny_gpt_args(
-        train_iters=TRAIN_ITERS, save=ckpt, save_interval=SAVE_INTERVAL, extra=("--ckpt-format", "torch")))
-    plugins = [FaultTolerancePlugin(nvrx_version="0.7", num_job_retries_on_failure=1), PreemptionPlugin(),
-               RestartPolicyPlugin(policy="megatron_transient")]
-    executor = slurm_cluster.executor(time="00:30:00", ntasks_per_node=2, env_vars=dict(ENV))
-    job = submit("megatron_lm_on_slurm", task, executor, plugins, run_dir=root)
+    chain, ckpt = _submit(slurm_cluster, root, "mlm_sigterm", ("--ckpt-format", "torch"))
+    exception, _ = _submit(slurm_cluster, root, "mlm_exception", (
+        "--fault-injector-ranks", "1", "--fault-injector-fault-types", "workload_exc",
+        "--fault-injector-fault-delay", "0", "--fault-injector-delay-start-iteration", "3"), num_in_job_restarts=0)
     tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
     wait_until(lambda: os.path.exists(tracker), timeout=1200, interval=0.1, what="Megatron-LM's first checkpoint")
-    sent = scancel_signal(job)
-    final = wait_for_job(job.slurm_id, timeout=1500)
-    with open(os.path.join(job.job_dir, "job_ledger.jsonl")) as f:  # no run_dir of ours: the job dir has it
-        ledger = [json.loads(line) for line in f]
-    return {"job": job, "final": final, "sent": sent, "ledger": ledger, "ckpt": ckpt}
+    scancel_signal(chain)
+    out = {}
+    for name, job in (("chain", chain), ("exception", exception)):
+        out[name] = {"job": job, "final": wait_for_job(job.slurm_id, timeout=1500), "ledger": _ledger(job)}
+    out["chain"]["ckpt"] = ckpt
+    return out
+
+
+@pytest.fixture(scope="module")
+def chain(jobs):
+    return jobs["chain"]
 
 
 def test_sigterm_saves_the_job_is_requeued_without_a_retry_and_completed_once(chain):
@@ -101,3 +122,16 @@ def test_the_report_reads_the_chain_from_megatron_lms_own_logs(chain):
     assert re.search(r"^  0: \S+ preempted \(preemption, fault from signal\): ", proc.stdout, re.M), proc.stdout
     assert re.search(r"^recommended: --save-interval=\d+ \(Daly's ", proc.stdout, re.M), proc.stdout
     assert "final: training finished after 2 attempt(s)" in proc.stdout
+
+
+def test_an_exception_in_megatron_lms_loop_is_classified_from_its_traceback_and_the_policy_stops_the_job(jobs):
+    got = jobs["exception"]
+    job, final = got["job"], got["final"]
+    assert (final["JobState"], final["Restarts"]) == ("FAILED", "0"), job.describe()
+    assert [a["State"] for a in job.attempts()] == ["FAILED"], job.describe()
+    (attempt,) = [r for r in got["ledger"] if r.get("kind") == "attempt"]
+    cls, decision = attempt["classification"], attempt["decision"]
+    assert (cls["error_type"], cls["source"], decision["action"]) == ("python_exception", "log", "stop"), attempt
+    assert "InjectedException" in job.attempt_log(0)
+    (final_record,) = [r for r in got["ledger"] if r.get("kind") == "final"]
+    assert final_record["outcome"] != "finished", final_record
