@@ -182,3 +182,14 @@ def test_flag_only_settings_need_the_sbatch_script(tmp_path, home):
         "FaultTolerancePlugin.node_health_check_endpoint: nvidia-resiliency-ext 0.7 reads it only from the "
         "ft_launcher command line (--ft-node-health-check-endpoint), which nemo_run cannot extend; the plugin adds "
         "it in the sbatch script, so it needs a SlurmExecutor (got LocalExecutor)")
+
+
+@pytest.mark.parametrize("kind", sorted(EXECUTORS))
+def test_only_slurm_has_a_batch_script_a_node_range_a_port_block_and_srun(kind):
+    """The abilities the plugins ask for (``plugins/executors.py``'s table), per executor class: a site's subclass
+    gets SlurmExecutor's, every other executor none of them."""
+    from megatron_resilience.plugins.executors import executor_profile
+
+    p = executor_profile(EXECUTORS[kind](), "test")
+    abilities = (p.batch_script, p.node_range, p.port_block, p.srun, p.command_flags, p.scheduler_signal)
+    assert abilities == ((True,) * 6 if kind == "slurm_subclass" else (False,) * 6), (kind, p)
