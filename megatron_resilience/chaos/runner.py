@@ -31,6 +31,7 @@ from typing import Any, Callable
 from megatron_resilience.chaos import inject as actions
 from megatron_resilience.chaos.faults import fault
 from megatron_resilience.chaos.mix import Mix, load_mix
+from megatron_resilience.records import megatron_log
 from megatron_resilience.records.ledger import Ledger
 from megatron_resilience.records.names import CHAOS_LEDGER_FILE, LEDGER_FILE, METRICS_FILE
 
@@ -103,17 +104,34 @@ def plan(mix: Mix, *, seed: int, mtbf: float, count: int) -> list[Planned]:
     return out
 
 
-def last_record_time(run_dir: str, kind: str = "train", chunk: int = 1 << 16) -> float | None:
-    """The time of the newest ``kind`` record of the run's metrics.jsonl (read from the end)."""
-    path = os.path.join(run_dir, METRICS_FILE)
+def _tail(path: str, chunk: int) -> list[str] | None:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - chunk))
-            tail = f.read().decode(errors="replace").splitlines()
+            return f.read().decode(errors="replace").splitlines()
     except OSError:
         return None
+
+
+def _last_foreign_record_time(run_dir: str, kind: str, chunk: int) -> float | None:
+    """A run whose trainer writes no metrics.jsonl (Megatron-LM's, Megatron-Bridge's ``pretrain``; RUN_DIR is then
+    the job folder): the tail of its newest trainer log, read as the same records (``records/megatron_log``)."""
+    logs = megatron_log.log_files(run_dir)
+    if not logs:
+        return None
+    tail = _tail(max(logs, key=os.path.getmtime), chunk) or []
+    found = [r for r in megatron_log.records_from_lines(tail) if r.get("kind") == kind and r.get("time")]
+    return float(found[-1]["time"]) if found else None
+
+
+def last_record_time(run_dir: str, kind: str = "train", chunk: int = 1 << 16) -> float | None:
+    """The time of the newest ``kind`` record of the run's metrics.jsonl (read from the end); for a trainer that
+    writes none, of its own log's lines."""
+    tail = _tail(os.path.join(run_dir, METRICS_FILE), chunk)
+    if tail is None:
+        return _last_foreign_record_time(run_dir, kind, chunk)
     for line in reversed(tail):
         try:
             rec = json.loads(line)
