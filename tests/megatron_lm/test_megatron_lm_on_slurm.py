@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 import pytest
-from megatron_lm_run import ENV, NEWEST, SCRIPT, iteration_losses, tiny_gpt_args
+from megatron_lm_run import ENV, HERE, NEWEST, SCRIPT, iteration_losses, tiny_gpt_args
 from slurm.cluster import wait_for_job
 from slurm.jobs import scancel_signal, submit, wait_until
 
@@ -38,15 +38,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 TRAIN_ITERS = 20
 SAVE_INTERVAL = 5
+KILL_AT = 8
 
 
-def _submit(cluster, root: str, name: str, extra: tuple[str, ...], **ft) -> tuple[object, str]:
+def _submit(cluster, root: str, name: str, extra: tuple[str, ...], *, script: str = SCRIPT,
+            env: dict[str, str] | None = None, **ft) -> tuple[object, str]:
     ckpt = os.path.join(root, name, "ckpt")
-    task = run.Script(path=SCRIPT, entrypoint="python", args=tiny_gpt_args(
+    task = run.Script(path=script, entrypoint="python", args=tiny_gpt_args(
         train_iters=TRAIN_ITERS, save=ckpt, save_interval=SAVE_INTERVAL, extra=extra))
     plugins = [FaultTolerancePlugin(nvrx_version="0.7", num_job_retries_on_failure=1, **ft), PreemptionPlugin(),
                RestartPolicyPlugin(policy="megatron_transient")]
-    executor = cluster.executor(time="00:30:00", ntasks_per_node=2, env_vars=dict(ENV))
+    executor = cluster.executor(time="00:30:00", ntasks_per_node=2, env_vars={**ENV, **(env or {})})
     return submit(name, task, executor, plugins, run_dir=os.path.join(root, name)), ckpt
 
 
@@ -57,8 +59,10 @@ def _ledger(job) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, nemorun_home, slurm_tmp):
-    """Two jobs at once: ``chain`` (SIGTERM after the first checkpoint) and ``exception`` (Megatron-LM's own fault
-    injector raises in rank 1's training loop after step 3; no in-job restart, so the job-level decision acts)."""
+    """Four jobs at once: ``chain`` (SIGTERM after the first checkpoint), ``exception`` (Megatron-LM's own fault
+    injector raises in rank 1's training loop after step 3; no in-job restart, so the job-level decision acts),
+    ``killed`` (rank 1 SIGKILLed inside step 8 of the first worker group: ``kill_rank_at_step.py``) and
+    ``baseline`` (uninterrupted; every job's losses are compared with it)."""
     if not os.path.isdir(os.path.join(NEWEST, "megatron", "training")):
         pytest.fail(f"{NEWEST} has no megatron.training: run scripts/newest/install.sh .venv-newest (make does)")
     root = os.path.join(slurm_tmp, "megatron_lm_on_slurm")
@@ -66,13 +70,17 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     exception, _ = _submit(slurm_cluster, root, "mlm_exception", (
         "--fault-injector-ranks", "1", "--fault-injector-fault-types", "workload_exc",
         "--fault-injector-fault-delay", "0", "--fault-injector-delay-start-iteration", "3"), num_in_job_restarts=0)
+    killed, killed_ckpt = _submit(slurm_cluster, root, "mlm_killed", ("--ckpt-format", "torch"),
+                                  script=os.path.join(HERE, "kill_rank_at_step.py"),
+                                  env={"KILL_RANK_AT_STEP": str(KILL_AT), "KILL_RANK": "1"})
+    baseline, _ = _submit(slurm_cluster, root, "mlm_baseline", ("--ckpt-format", "torch"))
     tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
     wait_until(lambda: os.path.exists(tracker), timeout=1200, interval=0.1, what="Megatron-LM's first checkpoint")
     scancel_signal(chain)
     out = {}
-    for name, job in (("chain", chain), ("exception", exception)):
+    for name, job in (("chain", chain), ("exception", exception), ("killed", killed), ("baseline", baseline)):
         out[name] = {"job": job, "final": wait_for_job(job.slurm_id, timeout=1500), "ledger": _ledger(job)}
-    out["chain"]["ckpt"] = ckpt
+    out["chain"]["ckpt"], out["killed"]["ckpt"] = ckpt, killed_ckpt
     return out
 
 
@@ -94,7 +102,7 @@ def test_sigterm_saves_the_job_is_requeued_without_a_retry_and_completed_once(ch
     assert "exiting program after receiving SIGTERM." in first, first[-4000:]
 
 
-def test_the_requeued_attempt_resumes_from_the_signals_checkpoint_and_finishes(chain):
+def test_the_requeued_attempt_resumes_from_the_signals_checkpoint_and_matches_the_uninterrupted_losses(chain, jobs):
     job = chain["job"]
     first, second = iteration_losses(job.attempt_log(0)), iteration_losses(job.attempt_log(1))
     saved_at = max(first)  # the signal's save is of the last step the first attempt logged
@@ -103,6 +111,18 @@ def test_the_requeued_attempt_resumes_from_the_signals_checkpoint_and_finishes(c
     with open(os.path.join(chain["ckpt"], "latest_checkpointed_iteration.txt")) as f:
         assert int(f.read()) == TRAIN_ITERS
     assert "[after training is done]" in job.attempt_log(1)
+    baseline = iteration_losses(jobs["baseline"]["job"].attempt_log(0))
+    assert_equal_but_the_two_step_mean({**first, **second}, baseline, resumed_from=saved_at)
+
+
+def assert_equal_but_the_two_step_mean(losses: dict[int, str], baseline: dict[int, str], *, resumed_from: int):
+    """Every step's loss as Megatron-LM prints it equals the uninterrupted run's, but the second iteration line of
+    the resumed process, which Megatron-LM logs as the mean of that process's first two steps."""
+    second = resumed_from + 2
+    assert sorted(losses) == sorted(baseline) == list(range(1, TRAIN_ITERS + 1))
+    assert {k: v for k, v in losses.items() if k != second} == {k: v for k, v in baseline.items() if k != second}
+    if second <= TRAIN_ITERS:  # a process that trained one step has no second line
+        assert abs(float(losses[second]) - (float(baseline[second - 1]) + float(baseline[second])) / 2) <= 1e-6
 
 
 def test_the_report_reads_the_chain_from_megatron_lms_own_logs(chain):
@@ -135,3 +155,18 @@ def test_an_exception_in_megatron_lms_loop_is_classified_from_its_traceback_and_
     assert "InjectedException" in job.attempt_log(0)
     (final_record,) = [r for r in got["ledger"] if r.get("kind") == "final"]
     assert final_record["outcome"] != "finished", final_record
+
+
+def test_a_killed_rank_is_restarted_in_job_resumes_and_the_job_is_completed_once(jobs):
+    got, baseline = jobs["killed"], jobs["baseline"]
+    job, final = got["job"], got["final"]
+    assert (final["JobState"], final["ExitCode"], final["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
+    log = job.attempt_log(0)
+    assert f"successfully loaded checkpoint from {got['ckpt']} [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration " \
+           f"{SAVE_INTERVAL}" in log, log[-4000:]
+    assert [(a["classification"]["error_type"], a["decision"]["action"]) for a in got["ledger"]
+            if a.get("kind") == "attempt"] == [("finished", "stop")], job.describe()
+    assert_equal_but_the_two_step_mean(iteration_losses(log), iteration_losses(baseline["job"].attempt_log(0)),
+                                       resumed_from=SAVE_INTERVAL)
+    b = baseline["final"]
+    assert (b["JobState"], b["ExitCode"], b["Restarts"]) == ("COMPLETED", "0:0", "0"), baseline["job"].describe()
