@@ -201,6 +201,7 @@ class FaultTolerancePlugin(run.Plugin):
                          restart_policy=policy,
                          inprocess_restart=self.inprocess_restart and self.restart_policy is None)
         inprocess, replication = inprocess_restart.apply_task(self, target, executor)
+        megatron_lm_flags.no_learned_timeouts_with_local_saves(target, NAME)
         inprocess_restart.check_timeouts(self, mode, inprocess)
         inprocess_restart.check_replication(self, replication, executor, profile)
 

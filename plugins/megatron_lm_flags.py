@@ -11,6 +11,8 @@ more, which its users forget because a single run never shows it (facts with the
   ``--calc-ft-timeouts`` Megatron-LM replaces the plugin's section timeouts by ``safety_factor`` x the longest
   interval seen, without a minimum; the factor in ft_launcher's FT config is the one bound a launcher can set,
   and for these tasks it is raised from nvidia-resiliency-ext's 5 to ``LEARNED_TIMEOUT_SAFETY_FACTOR`` (logged);
+* no learned timeouts with node-local saves (:func:`no_learned_timeouts_with_local_saves`, FaultTolerancePlugin):
+  Megatron-LM would learn its checkpointing timeout from the local saves and end the next persistent save as hung;
 * a warning (:func:`warn_save_at_signal`, PreemptionPlugin) when it saves in ``torch_dist``, whose save at the
   signal failed under ft_launcher (megatron-core 0.19.2; the lane pins it).
 
@@ -78,6 +80,31 @@ def learned_timeout_settings(target: Any, plugin: str) -> dict[str, float]:
     return {"safety_factor": LEARNED_TIMEOUT_SAFETY_FACTOR}
 
 
+def no_learned_timeouts_with_local_saves(target: Any, plugin: str) -> bool:
+    """Drop ``--calc-ft-timeouts`` from a Megatron-LM task that also saves node-local (non-persistent) checkpoints;
+    returns whether it did (a warning says why).
+
+    Megatron-LM opens its FT ``checkpointing`` section around every save, local ones included, and learns that
+    section's timeout from all of them: with local saves every few steps and a persistent one seldom, the timeout
+    comes from the local saves' milliseconds, and the next persistent save is ended as hung. Measured here
+    (megatron-core 0.19.2, ft_launcher 0.7.0, ``tests/megatron_lm/test_megatron_lm_local_checkpoints.py``): a learned
+    0.67 s killed the step-20 persistent save, the restarted group resumed from the local copy of step 18 and the
+    kill came again, cycle after cycle. The section timeouts then stay the FT config's."""
+    if not is_megatron_lm(target):
+        return False
+    args = _args(target)
+    types = flag_values(args, "--non-persistent-ckpt-type")
+    if "--calc-ft-timeouts" not in args or not types or types[-1] != "local":
+        return False
+    target.task.args = [a for a in args if a != "--calc-ft-timeouts"]
+    log.warning("%s: task args -= ['--calc-ft-timeouts'] (with --non-persistent-ckpt-type local): Megatron-LM learns "
+                "its checkpointing section timeout from every save, local ones included, so a persistent save after "
+                "fast local saves is ended as hung (measured: 0.67 s learned from ~30 ms local saves killed a "
+                "persistent save, and the restarted group met the same kill again); the FT config's section timeouts "
+                "apply instead", plugin)
+    return True
+
+
 def warn_save_at_signal(target: Any, plugin: str) -> bool:
     """Warn a Megatron-LM task that saves in ``torch_dist`` (its default) that its save at the signal may fail under
     a launcher; returns whether it warned."""
@@ -114,5 +141,5 @@ def warn_inprocess_restart(target: Any, plugin: str) -> bool:
     return True
 
 
-__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings", "warn_inprocess_restart",
-           "warn_save_at_signal"]
+__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings", "no_learned_timeouts_with_local_saves",
+           "warn_inprocess_restart", "warn_save_at_signal"]

@@ -181,3 +181,25 @@ def test_inprocess_restart_on_a_megatron_core_that_drops_the_wrappers_handle_is_
         "the first one's keys (read in 0.19.2's source, not run; Megatron-Bridge fixed the same in its own adapter, "
         "Megatron-Bridge PR #5187); if the cluster runs such a megatron-core, a fault goes on to ft_launcher's "
         "process restart"] if warned else [])
+
+
+LOCAL_LINE = ("FaultTolerancePlugin: task args -= ['--calc-ft-timeouts'] (with --non-persistent-ckpt-type local): "
+              "Megatron-LM learns its checkpointing section timeout from every save, local ones included, so a "
+              "persistent save after fast local saves is ended as hung (measured: 0.67 s learned from ~30 ms local "
+              "saves killed a persistent save, and the restarted group met the same kill again); the FT config's "
+              "section timeouts apply instead")
+
+
+@pytest.mark.parametrize("own_calc", [False, True])
+def test_node_local_saves_drop_learned_timeouts(caplog, own_calc):
+    """Node-local checkpoints through the plugin's flags (or the user's own ``--calc-ft-timeouts``): Megatron-LM would
+    learn the checkpointing timeout from the local saves; the flag goes, the warning says why, the FT config keeps
+    nvidia-resiliency-ext's factor and the plugin's section timeouts."""
+    own = [*OWN, "--calc-ft-timeouts"] if own_calc else OWN
+    args, executor, messages = configured(own, FaultTolerancePlugin(local_checkpoint_dir="/local/ckpt",
+                                                                    local_checkpoint_interval=3), caplog=caplog)
+    assert "--calc-ft-timeouts" not in args
+    assert args[-6:] == ["--non-persistent-ckpt-type", "local", "--non-persistent-local-ckpt-dir", "/local/ckpt",
+                         "--non-persistent-save-interval", "3"], args
+    assert LOCAL_LINE in messages and FACTOR_LINE not in messages
+    assert not any(line.startswith("safety_factor") for line in ft_yaml(executor))
