@@ -52,7 +52,6 @@ fault_tolerance:
   rank_out_of_section_timeout: 300.0
   rank_termination_signal: SIGKILL
   log_level: INFO
-  safety_factor: 20.0
 MEGATRON_RESILIENCE_FT_CFG
 # <<< megatron_resilience FaultTolerancePlugin ft_launcher config <<<
 # >>> megatron_resilience FaultTolerancePlugin ft_launcher flags >>>
@@ -193,7 +192,7 @@ echo "$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} X" >> "$JOB_RESULTS_FILE"
 
 # Command 1
 
-srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 --kill-on-bad-exit=0 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint $head_node_ip:${MEGATRON_RESILIENCE_JOB_PORT} --rdzv-id <random> --nnodes 2 --nproc-per-node 8 --node-rank $SLURM_NODEID --tee 3 /opt/megatron-lm/pretrain_gpt.py --tensor-model-parallel-size 2 --micro-batch-size 4 --train-iters 1000 --save /lustre/runs/gpt/ckpt --load /lustre/runs/gpt/ckpt --save-interval 100 --data-path /lustre/data/web_text_document --enable-ft-package --calc-ft-timeouts --inprocess-restart --non-persistent-ckpt-type local --non-persistent-local-ckpt-dir /local/ckpt --non-persistent-save-interval 10 --replication --replication-jump 8 --replication-factor 2
+srun --output /cluster/experiments/gpt/gpt_preview/gpt/log-acct-acct.gpt_%j_${SLURM_RESTART_COUNT:-0}.out --chdir /cluster/experiments/gpt/gpt_preview/gpt/code --wait=60 --kill-on-bad-exit=1 --kill-on-bad-exit=0 ft_launcher --ft-workload_check_interval 5.0 --ft-rank_termination_signal SIGKILL --ft-log_level INFO --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint $head_node_ip:${MEGATRON_RESILIENCE_JOB_PORT} --rdzv-id <random> --nnodes 2 --nproc-per-node 8 --node-rank $SLURM_NODEID --tee 3 /opt/megatron-lm/pretrain_gpt.py --tensor-model-parallel-size 2 --micro-batch-size 4 --train-iters 1000 --save /lustre/runs/gpt/ckpt --load /lustre/runs/gpt/ckpt --save-interval 100 --data-path /lustre/data/web_text_document --enable-ft-package --inprocess-restart --non-persistent-ckpt-type local --non-persistent-local-ckpt-dir /local/ckpt --non-persistent-save-interval 10 --replication --replication-jump 8 --replication-factor 2
 
 exitcode=$?
 
