@@ -1,10 +1,11 @@
 """The launcher's log cut into its restart cycles: each cycle's lines, its restart count, when it began and when the
 launcher noticed its end.
 
-torchrun and ft_launcher (nvidia-resiliency-ext < 0.7) print the rendezvous' result, ``restart_count=N``, each time
-they (re)start the worker group; their workers get the same N as ``TORCHELASTIC_RESTART_COUNT``, which the trainer
-writes in its ``start`` record (``attempt.in_job_restart``). The count, not the position, pairs a launcher cycle with
-the trainer's: a fault that kills the workers during their setup ends a launcher cycle the trainer never started.
+torchrun and ft_launcher print the rendezvous' result, ``restart_count=N``, each time they (re)start the worker group
+(ft_launcher 0.7 with torch's glog-style prefix on the line); their workers get the same N as
+``TORCHELASTIC_RESTART_COUNT``, which the trainer writes in its ``start`` record (``attempt.in_job_restart``). The
+count, not the position, pairs a launcher cycle with the trainer's: a fault that kills the workers during their setup
+ends a launcher cycle the trainer never started.
 
 A dying rank's last lines may follow the launcher's failure line (its tail of the rank's output is drained when it
 stops the workers), but never the next ``restart_count`` mark: the launcher prints that only after the drain, so
@@ -17,7 +18,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
-CYCLE_MARK = re.compile(r"^\s*restart_count=(\d+)\s*$")
+# torch's elastic agent logs the rendezvous' result; under nvidia-resiliency-ext 0.7 its lines carry torch's glog-style
+# prefix (``I1129 05:54:51.830000 12131 .../agent/server/api.py:553]   restart_count=1``), before that none.
+CYCLE_MARK = re.compile(r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\])?\s*restart_count=(\d+)\s*$")
 LAUNCHER_PREFIX = re.compile(r"^(?:\d+: )?(?:\[default\d+\]:)?")
 RANK_LINE = re.compile(r"^(?:\d+: )?\[default\d+\]:")  # a worker's line, as the launcher's --tee prints it
 # Python logging's stamp at the start of a launcher line (local time), e.g. ``[2026-11-23 05:20:01,002]``.
