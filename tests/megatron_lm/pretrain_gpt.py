@@ -27,6 +27,7 @@ from Megatron-LM's ``iteration`` lines.
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +57,12 @@ def loss_func(loss_mask, output_tensor):
     return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
 
 
+STEP_DELAY_S = float(os.environ.get("STEP_DELAY_S", "0"))  # the chaos benchmark's steps: compute-sized, as on a GPU
+
+
 def forward_step(data_iterator, model, return_schedule_plan=False):
+    if STEP_DELAY_S:
+        time.sleep(STEP_DELAY_S)
     batch = next(data_iterator)
     tokens, labels, loss_mask = batch["tokens"], batch["labels"], batch["loss_mask"]
     output = model(tokens, batch["position_ids"], batch.get("attention_mask"), labels=labels, loss_mask=loss_mask)
