@@ -18,22 +18,13 @@ import subprocess
 import sys
 
 import pytest
-
-from megatron_resilience.chaos.mix import load_mix
-from megatron_resilience.chaos.runner import plan
+from slurm.test_chaos_on_slurm import MIX, MTBF, seed_with_one_of_each  # the same short mix, seed and MTBF
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-MIX = os.path.join(REPO, "tests", "slurm", "chaos_short_mix.yaml")
-MTBF, STEPS, SAVE_INTERVAL = 3, 250, 20
-
-
-def seed_with_one_of_each() -> int:
-    mix = load_mix(MIX)
-    one_of_each = ["gpu_xid", "node_down", "preempt"]
-    return next(s for s in range(1000) if sorted(p.fault for p in plan(mix, seed=s, mtbf=MTBF, count=3)) == one_of_each)
+STEPS, SAVE_INTERVAL = 250, 20
 
 
 @pytest.fixture(scope="module")

@@ -34,58 +34,30 @@ Nothing is mocked but the GPU (the CPU layer). Run with ``make test-megatron-lm`
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 
+import local_driver
 import psutil
 import pytest
-from megatron_lm_run import ENV, NEWEST, REPO, SCRIPT, iteration_losses, tiny_gpt_args
+from megatron_lm_run import NEWEST, SCRIPT, iteration_losses, tiny_gpt_args
 from resilience_support.processes import ft_launcher_among
 
 pytestmark = pytest.mark.slow
 
 TRAIN_ITERS = 30
 SAVE_INTERVAL = 10
-DRIVER = textwrap.dedent("""
-    import json, sys
-    from megatron_resilience.upstream import import_nemo_run
-    run = import_nemo_run()
-    from nemo_run.config import set_nemorun_home
-    from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin
-
-    if __name__ == "__main__":
-        spec = json.loads(sys.argv[1])
-        set_nemorun_home(spec["home"])
-        task = run.Script(path=spec["script"], entrypoint="python", args=spec["args"])
-        plugins = [FaultTolerancePlugin(nvrx_version="0.7", **spec["ft"]), PreemptionPlugin(),
-                   RestartPolicyPlugin(policy="megatron_transient")]
-        executor = run.LocalExecutor(ntasks_per_node=2, launcher="ft", env_vars=spec["env"])
-        run.run(task, executor=executor, name=spec["name"], plugins=plugins)
-""")
-
-
 class Run:
     """One ``run.run`` in a driver process of its own; its job directory's logs, its ft_launcher and ranks."""
 
     def __init__(self, root, name: str, args: list[str], ft: dict | None = None):
-        self.name, self.home = name, root / f"{name}_home"
-        self.home.mkdir()
-        driver = root / "driver.py"
-        driver.write_text(DRIVER)
-        env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               "PYTHONPATH": f"{NEWEST}:{REPO}", "OMP_NUM_THREADS": "1"}
-        spec = {"home": str(self.home), "script": SCRIPT, "args": args, "name": name, "env": ENV, "ft": ft or {}}
-        self.out = open(root / f"{name}.driver.log", "w")
+        self.name = name
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, str(driver), json.dumps(spec)], env=env, stdout=self.out,
-                                     stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+        self.proc, self.home = local_driver.start(root, name, SCRIPT, args, ft=ft, new_session=True)
         self.code: int | None = None
         self.seconds: float | None = None
 

@@ -14,31 +14,16 @@ under ft_launcher 0.7.0, as ``test_megatron_lm_local.py``'s runs; nothing is moc
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
-import subprocess
-import sys
 
+import local_driver
 import pytest
-from megatron_lm_run import ENV, HERE, NEWEST, REPO, SCRIPT, iteration_losses, tiny_gpt_args
-from test_megatron_lm_local import DRIVER
+from megatron_lm_run import HERE, NEWEST, SCRIPT, iteration_losses, tiny_gpt_args
 
 pytestmark = pytest.mark.slow
 
 TRAIN_ITERS, LOCAL_INTERVAL, KILL_AT = 20, 3, 8
-
-
-def _launch(root, name: str, script: str, args: list[str], env: dict[str, str], ft: dict) -> tuple:
-    home = root / f"{name}_home"
-    home.mkdir()
-    spec = {"home": str(home), "script": script, "name": name, "ft": ft, "args": args, "env": {**ENV, **env}}
-    environ = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               "PYTHONPATH": f"{NEWEST}:{REPO}", "OMP_NUM_THREADS": "1"}
-    out = open(root / f"{name}.driver.log", "w")
-    proc = subprocess.Popen([sys.executable, str(root / "driver.py"), json.dumps(spec)], env=environ, cwd=root,
-                            stdout=out, stderr=subprocess.STDOUT)
-    return proc, home
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +31,15 @@ def runs(tmp_path_factory):
     if not os.path.isdir(os.path.join(NEWEST, "megatron", "training")):
         pytest.fail(f"{NEWEST} has no megatron.training: run scripts/newest/install.sh .venv-newest (make does)")
     root = tmp_path_factory.mktemp("megatron_lm_local_ckpt")
-    (root / "driver.py").write_text(DRIVER)
     local_dir = str(root / "node_local")
     ckpt = {name: str(root / f"{name}_ckpt") for name in ("baseline", "local")}
     launched = {  # both at once: most of their time is imports and the final save
-        "baseline": _launch(root, "baseline", SCRIPT, tiny_gpt_args(
-            train_iters=TRAIN_ITERS, save=ckpt["baseline"], save_interval=TRAIN_ITERS), {}, {}),
-        "local": _launch(root, "local", os.path.join(HERE, "kill_rank_at_step.py"), tiny_gpt_args(
+        "baseline": local_driver.start(root, "baseline", SCRIPT, tiny_gpt_args(
+            train_iters=TRAIN_ITERS, save=ckpt["baseline"], save_interval=TRAIN_ITERS)),
+        "local": local_driver.start(root, "local", os.path.join(HERE, "kill_rank_at_step.py"), tiny_gpt_args(
             train_iters=TRAIN_ITERS, save=ckpt["local"], save_interval=TRAIN_ITERS),
-            {"KILL_RANK_AT_STEP": str(KILL_AT), "KILL_RANK": "1"},
-            {"local_checkpoint_dir": local_dir, "local_checkpoint_interval": LOCAL_INTERVAL}),
+            env={"KILL_RANK_AT_STEP": str(KILL_AT), "KILL_RANK": "1"},
+            ft={"local_checkpoint_dir": local_dir, "local_checkpoint_interval": LOCAL_INTERVAL}),
     }
     out = {}
     for name, (proc, home) in launched.items():

@@ -24,17 +24,15 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
-import json
 import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 
+import local_driver
 import pytest
-from megatron_lm_run import ENV, HERE, NEWEST, REPO, tiny_gpt_args
-from test_megatron_lm_local import DRIVER
+from megatron_lm_run import HERE, NEWEST, tiny_gpt_args
 
 from megatron_resilience.goodput import daly
 from megatron_resilience.jobs import evidence as ev
@@ -63,17 +61,10 @@ def epoch(text: str) -> float:
 
 def launch(root, name: str, env: dict[str, str]) -> tuple[subprocess.Popen, object, str]:
     """``run.run`` of the tiny GPT (20 steps, saves every 5) in a driver process of its own."""
-    home = root / f"{name}_home"
-    home.mkdir()
     ckpt = str(root / f"{name}_ckpt")
-    spec = {"home": str(home), "script": os.path.join(HERE, "kill_rank_at_step.py"), "name": name, "ft": {},
-            "args": tiny_gpt_args(train_iters=TRAIN_ITERS, save=ckpt, save_interval=SAVE_INTERVAL),
-            "env": {**ENV, **env}}
-    environ = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               "PYTHONPATH": f"{NEWEST}:{REPO}", "OMP_NUM_THREADS": "1"}
-    out = open(root / f"{name}.driver.log", "w")
-    proc = subprocess.Popen([sys.executable, str(root / "driver.py"), json.dumps(spec)], env=environ, cwd=root,
-                            stdout=out, stderr=subprocess.STDOUT)
+    proc, home = local_driver.start(root, name, os.path.join(HERE, "kill_rank_at_step.py"),
+                                    tiny_gpt_args(train_iters=TRAIN_ITERS, save=ckpt, save_interval=SAVE_INTERVAL),
+                                    env=env)
     return proc, home, ckpt
 
 
@@ -82,7 +73,6 @@ def runs(tmp_path_factory):
     if not os.path.isdir(os.path.join(NEWEST, "megatron", "training")):
         pytest.fail(f"{NEWEST} has no megatron.training: run scripts/newest/install.sh .venv-newest (make does)")
     root = tmp_path_factory.mktemp("megatron_lm_report")
-    (root / "driver.py").write_text(DRIVER)
     started = time.monotonic()
     launched = {  # both at once: most of their time is imports and first saves
         "killed": launch(root, "killed", {"KILL_RANK_AT_STEP": str(KILL_AT), "KILL_RANK": "1"}),
