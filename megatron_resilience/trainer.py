@@ -217,9 +217,10 @@ def _setup(config: PretrainConfig, hooks: TrainingHooks, start_time: float, time
     from megatron.core import parallel_state
 
     from megatron_resilience import dashboards
-    from megatron_resilience.runtime import data, reshard
+    from megatron_resilience.checkpointing import reshard
+    from megatron_resilience.checkpointing.tiers import build_checkpoints
+    from megatron_resilience.runtime import data
     from megatron_resilience.runtime.distributed import init_distributed, seed_everything
-    from megatron_resilience.runtime.local_checkpoint import build_checkpoints
     from megatron_resilience.runtime.loop import TrainContext
     from megatron_resilience.runtime.metrics import (
         MetricsLogger,

@@ -38,7 +38,7 @@ import os
 import shlex
 from typing import Any
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.jobconfig import JobLevelConfig, ledger_path, resolve
 from megatron_resilience.jobs.preemption_margin import preempt_time_of
 from megatron_resilience.plugins import node_range

@@ -7,7 +7,7 @@ What ``setup`` does with it (SlurmExecutor; other executors run one fixed set of
   tensor x pipeline parallel divides, and (our trainer) a data-parallel size that divides the global batch.
   An unset ``train.global_batch_size`` would follow DP (micro batch x DP) and change the training on fewer
   nodes, so it is fixed at the full size's value (logged); resuming at another DP then re-shards the
-  checkpoint (``runtime/reshard.py``) and continues the same training;
+  checkpoint (``checkpointing/reshard.py``) and continues the same training;
 * ft_launcher's ``--nnodes`` becomes the range up to the nodes the attempt was given
   (``MIN:$SLURM_JOB_NUM_NODES``), so an attempt the job-level decision resized runs on the nodes it got.
   Where the release's rendezvous is elastic (nvidia-resiliency-ext <= 0.5, ``upstream.launcher``), a node

@@ -41,7 +41,7 @@ from megatron_resilience.upstream import import_nemo_run
 log = logging.getLogger("megatron_resilience.plugins")
 
 # Tracker file of the newest complete checkpoint: the same name in our trainer
-# (runtime/checkpoint_layout.TRACKER_FILE), Megatron-LM and Megatron-Bridge. Not imported: the runtime
+# (records/checkpoint_layout.TRACKER_FILE), Megatron-LM and Megatron-Bridge. Not imported: the runtime
 # package is the compute-node room.
 CHECKPOINT_TRACKER_FILE = TRACKER_FILE
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.decision import Cluster, decide
 from megatron_resilience.jobs.policies import load_policy

@@ -139,9 +139,9 @@ def _worker(workdir: str) -> None:
 
     import torch
 
+    from megatron_resilience.checkpointing.manager import CheckpointManager
     from megatron_resilience.config import CheckpointConfig
     from megatron_resilience.runtime import cpu_compat
-    from megatron_resilience.runtime.checkpoint import CheckpointManager
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cpu_compat.install()
@@ -369,7 +369,7 @@ def test_async_save_is_committed_by_polling_alone(worker):
 
 
 def test_atomic_write_text(tmp_path):
-    from megatron_resilience.runtime.checkpoint_layout import atomic_write_text
+    from megatron_resilience.records.checkpoint_layout import atomic_write_text
 
     target = tmp_path / "sub" / "state.json"
     atomic_write_text(str(target), "one")

@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, read_metrics
 
 from megatron_resilience.config import CheckpointConfig, ConfigError, PretrainConfig, TrainingConfig
-from megatron_resilience.runtime import checkpoint_layout as layout
+from megatron_resilience.records import checkpoint_layout as layout
 
 
 def _dirs(root) -> list[int]:
@@ -81,7 +81,7 @@ def test_a_crash_between_a_best_checkpoints_commit_and_its_listing_never_lets_th
 
     import torch.distributed as dist
 
-    from megatron_resilience.runtime import checkpoint
+    from megatron_resilience.checkpointing import manager as checkpoint
     from megatron_resilience.runtime.distributed import destroy_distributed
 
     root = tmp_path / "ckpt"
@@ -113,7 +113,7 @@ def test_a_crash_between_a_best_checkpoints_commit_and_its_listing_never_lets_th
         assert json.loads((root / layout.iter_dir_name(8) / layout.BEST_MARK).read_text()) == {
             "metric": "validation loss", "step": 8, "validation_loss": 4.0}
 
-        caplog.set_level("WARNING", logger="megatron_resilience.runtime.checkpoint")
+        caplog.set_level("WARNING", logger="megatron_resilience.checkpointing.manager")
         restarted = checkpoint.CheckpointManager(config, run_dir=str(tmp_path))
         assert restarted.best.steps() == {4, 8}
         assert listed() == [{"step": 8, "validation_loss": 4.0}, {"step": 4, "validation_loss": 5.0}]
@@ -184,7 +184,9 @@ def test_the_trainer_keeps_the_best_checkpoints_apart_from_the_rotation_and_one_
     manifest = json.loads((ckpt / layout.BEST_FILE).read_text())
     assert manifest == {"metric": "validation loss", "keep_best": 2,
                         "best": [{"step": s, "validation_loss": loss} for loss, s in top]}
-    assert all(layout.why_incomplete(str(ckpt / layout.iter_dir_name(s)), s) is None for s in best)
+    from megatron_resilience.checkpointing.readable import why_incomplete
+
+    assert all(why_incomplete(str(ckpt / layout.iter_dir_name(s)), s) is None for s in best)
     assert f"checkpoint: step {top[0][1]} is among the 2 best by validation loss" in proc.stderr
 
     resumed_dir, older = tmp_path / "resumed", min(best)

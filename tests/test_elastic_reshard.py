@@ -40,7 +40,7 @@ import pytest
 import torch
 from conftest import REPO, read_checkpoint, read_metrics, tree_equal
 
-from megatron_resilience.runtime import reshard
+from megatron_resilience.checkpointing import reshard
 
 POOL = 4
 GBS = ["train.global_batch_size=16", "train.micro_batch_size=4"]

@@ -1,11 +1,11 @@
-"""What a line means before it decides: an Xid by its code (jobs/xid_codes.py), and evidence in time order
+"""What a line means before it decides: an Xid by its code (failures/xid_codes.py), and evidence in time order
 (jobs/time_order.py): a peer's symptom after another rank's own failure is its consequence."""
 
 from __future__ import annotations
 
 import pytest
 
-# --- Xid codes (jobs/xid_codes.py, from NVIDIA's Xid catalog) -------------------------------------------------------
+# --- Xid codes (failures/xid_codes.py, from NVIDIA's Xid catalog) -----------------------------------------------------
 
 @pytest.mark.parametrize("code, severity, points_at, host_role", [
     ("63", "info", "handled", "reporter"),  # row remapping recorded: the driver handled it
@@ -17,9 +17,9 @@ import pytest
 ])
 def test_an_xid_line_takes_its_codes_severity_and_blames_its_node_only_for_the_machine(code, severity, points_at,
                                                                                        host_role):
+    from megatron_resilience.failures.xid_codes import xid_code
     from megatron_resilience.jobs.attribution import mentions
     from megatron_resilience.jobs.monitors import load_monitors, scan
-    from megatron_resilience.jobs.xid_codes import xid_code
 
     line = f"nid002: [  219.470994] NVRM: Xid (PCI:0000:07:00): {code}, pid=1896, an event"
     [signal] = [s for s in scan([("log", line)], load_monitors(["megatron_nccl"])) if s.monitor == "xid_kernel"]

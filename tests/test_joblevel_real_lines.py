@@ -19,7 +19,7 @@ import textwrap
 import pytest
 import yaml
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.classifier import AttemptEvidence, classify
 from megatron_resilience.jobs.monitors import load_monitors, scan
 

@@ -33,26 +33,28 @@ MAY_IMPORT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "records": ((), ()),
     "config": (("records",), ()),
     "goodput": (("records",), ()),
+    "failures": (("records", "config"), ()),
     "upstream": (("records", "config"), ()),
     "dashboards": (("records", "config"), ()),
-    "jobs": (("records", "config", "upstream", "goodput"), ()),
-    "chaos": (("records", "config", "jobs"), ()),
+    "jobs": (("records", "config", "failures", "upstream", "goodput"), ()),
+    "chaos": (("records", "config", "failures", "jobs"), ()),
     "report": (("records", "config", "goodput", "jobs"), ("dashboards",)),
     "watch": (("records", "config", "jobs"), ()),
-    "plugins": (("records", "config", "upstream", "jobs"), ()),
+    "plugins": (("records", "config", "failures", "upstream", "jobs"), ()),
     "runtime": (("records", "config", "upstream", "goodput", "dashboards"), ()),
+    "checkpointing": (("records", "config", "upstream", "goodput", "runtime"), ()),
     "resilience": (("records", "config", "upstream", "runtime"), ()),
-    "trainer": (("records", "config", "upstream", "dashboards", "runtime", "resilience"), ()),
+    "trainer": (("records", "config", "upstream", "dashboards", "runtime", "checkpointing", "resilience"), ()),
     "entry": (("records", "config"), ("upstream", "plugins.submit_check", "trainer")),
     "recipes": (("records", "config", "upstream", "entry", "plugins"), ("jobs", "chaos", "report", "watch")),
     "__main__": (("records", "config"), ("recipes", "trainer")),
     "__init__": (("records", "config", "entry"), ()),
 }
 HEAVY = ("torch", "megatron")
-STDLIB_ONLY = ("records", "config", "goodput")
+STDLIB_ONLY = ("records", "config", "goodput", "failures")
 NEVER = {"jobs": ("torch", "megatron", "nemo_run")}  # not even inside a function
-NOT_AT_MODULE_LEVEL = {room: HEAVY for room in ("records", "jobs", "config", "goodput", "dashboards", "upstream",
-                                                "plugins", "recipes", "entry", "chaos", "report", "watch",
+NOT_AT_MODULE_LEVEL = {room: HEAVY for room in ("records", "failures", "jobs", "config", "goodput", "dashboards",
+                                                "upstream", "plugins", "recipes", "entry", "chaos", "report", "watch",
                                                 "__main__", "__init__")}
 NOT_AT_MODULE_LEVEL.update({room: HEAVY + ("nemo_run",) for room in ("plugins", "recipes")})  # import_nemo_run()
 

@@ -10,7 +10,7 @@ from resilience_support.two_ranks import two_ranks
 # --- tiers --------------------------------------------------------------------------------------------------------
 
 def test_the_newest_step_wins_and_ties_go_to_the_cheapest_tier():
-    from megatron_resilience.runtime.local_checkpoint import choose_tier
+    from megatron_resilience.checkpointing.tiers import choose_tier
 
     assert choose_tier({"memory": None, "local": None, "persistent": None}) is None
     assert choose_tier({"memory": 6, "local": 6, "persistent": 4}) == (
@@ -23,7 +23,7 @@ def test_the_newest_step_wins_and_ties_go_to_the_cheapest_tier():
 
 
 def test_session_names_the_run_and_the_layout():
-    from megatron_resilience.runtime.local_checkpoint import session_name
+    from megatron_resilience.checkpointing.tiers import session_name
 
     one = session_name("/runs/gpt", world=16, tp=2, pp=2)
     assert one.startswith("gpt-") and one.endswith("-w16tp2pp2")
@@ -151,7 +151,7 @@ def test_a_restart_after_a_save_cut_off_mid_write_resumes_and_saves_that_step_ag
         sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
         from test_checkpoint import _build, _same, _snapshot, _train_step
         from megatron_resilience.config import CheckpointConfig, PretrainConfig
-        from megatron_resilience.runtime.local_checkpoint import build_checkpoints
+        from megatron_resilience.checkpointing.tiers import build_checkpoints
         config = PretrainConfig(run_dir=root + "/run",
                                 checkpoint=CheckpointConfig(local_dir=root + "/local", local_interval=2))
         def restart(seed):  # a new process: another model, new tiers, the resume

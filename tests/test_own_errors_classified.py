@@ -106,7 +106,7 @@ def test_the_unreadable_checkpoints_message_is_its_own_type(tmp_path):
     """The refusal after every candidate failed to load (checkpoint manager), as a rank's excepthook prints it."""
     import inspect
 
-    from megatron_resilience.runtime import checkpoint
+    from megatron_resilience.checkpointing import manager as checkpoint
 
     assert "could be loaded" in inspect.getsource(checkpoint.CheckpointManager._load_latest)
     line = ("[rank0]: RuntimeError: checkpoint: none of the checkpoints under /lustre/run/ckpt could be loaded "

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from megatron_resilience.runtime import checkpoint_state
+from megatron_resilience.checkpointing import state_dict as checkpoint_state
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_between_steps_nothing_is_saved_and_old_checkpoints_resume_normally(mach
 def test_exit_17_state_is_kept_for_examination_but_not_resumed(machine, caplog):
     from megatron.core.rerun_state_machine import RerunState
 
-    with caplog.at_level(logging.WARNING, logger="megatron_resilience.runtime.checkpoint_state"):
+    with caplog.at_level(logging.WARNING, logger="megatron_resilience.checkpointing.state_dict"):
         assert checkpoint_state._rerun_template(_saved(RerunState.RERUNNING_IN_PLACE)) is None
     assert caplog.messages == ["checkpoint: rerun state machine state RERUNNING_IN_PLACE saved for examination "
                                "only; not resumed, the step is trained again"]

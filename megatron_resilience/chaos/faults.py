@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class FaultKind:
 
     @property
     def hardware(self) -> bool:
-        """A fault of the machine (its expected types are machine failures: jobs/taxonomy.py): the job-level
+        """A fault of the machine (its expected types are machine failures: failures/taxonomy.py): the job-level
         decision should keep the job off the node."""
         return any(t in taxonomy.MACHINE_TYPES for t in self.expected)
 

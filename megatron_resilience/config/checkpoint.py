@@ -3,12 +3,12 @@
 Two tiers: the persistent one (``save``/``save_interval``, a shared filesystem) and an optional
 non-persistent one (``local_dir``/``local_interval``: each rank's part on node-local storage, replicated to
 ``replication_factor - 1`` peers ``replication_jump`` ranks away, i.e. on other nodes), saved more often
-because it is cheap. Resume takes the newest complete checkpoint of either tier (runtime/local_checkpoint.py).
+because it is cheap. Resume takes the newest complete checkpoint of either tier (checkpointing/tiers.py).
 Names follow Megatron-LM's ``--non-persistent-local-ckpt-dir``, ``--non-persistent-save-interval``,
 ``--replication-factor`` and ``--replication-jump``.
 
 How often (persistent tier): ``interval_policy="fixed"`` saves every ``save_interval`` steps. ``"young_daly"`` lets the
-trainer choose the interval itself (``runtime/checkpoint_interval.py``): Daly's optimum for the save
+trainer choose the interval itself (``checkpointing/interval.py``): Daly's optimum for the save
 cost C it measures and the run's mean time between failures M (its own once it has seen 3 failures,
 ``expected_mtbf_hours`` until then), recomputed after every save and every restart; ``save_interval`` is
 the first interval, until a save has been measured.

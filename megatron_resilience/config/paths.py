@@ -14,12 +14,11 @@ existing ancestor: permission bits do not tell (root may write anywhere but
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from typing import Any, Iterable
 
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.records.names import TRACKER_FILE
+from megatron_resilience.records.names import ITER_DIR, TRACKER_FILE
 
 PROBE_PREFIX = ".megatron_resilience_probe_"
 
@@ -63,18 +62,14 @@ def check_existing_file(key: str, path: Any) -> None:
         raise ConfigError(f"{key}: must be an existing file, got {path!r} (not found)")
 
 
-CHECKPOINT_DIR = re.compile(r"^iter_\d{7}$")
-TRACKER = TRACKER_FILE
-
-
 def check_holds_checkpoint(path: str) -> None:
     """``checkpoint.load`` names a folder with a checkpoint in it (an ``iter_NNNNNNN`` folder or the tracker file)."""
     if not os.path.isdir(path):
         why = "not found"
-    elif os.path.exists(os.path.join(path, TRACKER)) or any(CHECKPOINT_DIR.match(n) for n in os.listdir(path)):
+    elif os.path.exists(os.path.join(path, TRACKER_FILE)) or any(ITER_DIR.match(n) for n in os.listdir(path)):
         return
     else:
-        why = f"no checkpoint in it: no iter_NNNNNNN folder, no {TRACKER}"
+        why = f"no checkpoint in it: no iter_NNNNNNN folder, no {TRACKER_FILE}"
     raise ConfigError(f"checkpoint.load: must be a folder holding a checkpoint to resume from, got {path!r} ({why}); "
                       "checkpoint.load_optional=true starts from step 0 when it holds none")
 

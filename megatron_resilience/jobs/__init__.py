@@ -3,10 +3,8 @@
 Runs on the login node (plugins at submit time, the watcher, the report) and inside the batch
 script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 
-- :mod:`.taxonomy`   error types, their retry mode (crash / stall / timeout) and subsystem;
 - :mod:`.monitors`   regex monitors over logs (YAML presets in ``presets/monitors/``) -> signals;
 - :mod:`.policies`   restart policies (YAML presets in ``presets/policies/``);
-- :mod:`.foreign_vocabulary` the log-monitoring tool's error types/subsystems and what each means here;
 - :mod:`.foreign_monitors`, :mod:`.foreign_policy` that tool's files (SlurmLogMonitor, per-mode policies),
   translated once at load; :mod:`.policy_checks` rules that can never fire, requeues without a budget;
 - :mod:`.classifier` one classification per attempt from stop reason, NVRx, Slurm and log signals;
@@ -21,6 +19,7 @@ script (its EXIT trap); never imports torch or megatron. Modules, one idea each:
 - :mod:`.node_exclusion` which nodes a requeue avoids; :mod:`.requeue_size` how many nodes a requeue of a job
   with a node range asks for; :mod:`.shared_node_history` attributions shared by runs.
 
-What a run cost is :mod:`megatron_resilience.goodput`'s; what happened, as a report,
-:mod:`megatron_resilience.report`'s.
+The error types themselves (their facts, Xid codes, the foreign tool's names) are
+:mod:`megatron_resilience.failures`'. What a run cost is :mod:`megatron_resilience.goodput`'s; what happened,
+as a report, :mod:`megatron_resilience.report`'s.
 """

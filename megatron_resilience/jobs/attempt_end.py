@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs import (
     attribution,
     finished,
@@ -18,7 +19,6 @@ from megatron_resilience.jobs import (
     requeue_size,
     shared_node_history,
     slurm,
-    taxonomy,
 )
 from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify

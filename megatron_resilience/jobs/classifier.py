@@ -21,7 +21,8 @@ import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_resilience.jobs import taxonomy, time_order
+from megatron_resilience.failures import taxonomy
+from megatron_resilience.jobs import time_order
 from megatron_resilience.jobs.monitors import Signal
 from megatron_resilience.jobs.root_cause import RootCause, first_failure, split_consequences
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.classifier import Classification
 from megatron_resilience.jobs.node_exclusion import (
     EXCLUSION_LOOKBACK_S,

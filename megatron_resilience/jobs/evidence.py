@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.monitors import Monitor, Signal, scan
+from megatron_resilience.records.checkpoint_layout import read_tracker
 from megatron_resilience.records.jsonl import read_json, read_jsonl  # noqa: F401 (read_json: read from here too)
 from megatron_resilience.records.launcher_log import (  # noqa: F401 (LAUNCHER_PREFIX, split_cycles: read from here)
     LAUNCHER_PREFIX,
@@ -36,7 +37,6 @@ from megatron_resilience.records.launcher_log import (  # noqa: F401 (LAUNCHER_P
     split_cycles,
     stamp_time,
 )
-from megatron_resilience.records.names import TRACKER_FILE
 
 CYCLE_TAG = re.compile(r"\[Cycle (\d+)\]")  # ft_launcher's rank monitor names the cycle (nvidia-resiliency-ext 0.7)
 
@@ -200,18 +200,6 @@ def attempt_records(records: list[dict[str, Any]], *, job_id: str, restart: int,
     return out
 
 
-def tracker_step(checkpoint_dir: str | None) -> int | None:
-    """The newest committed checkpoint step (Megatron's ``latest_checkpointed_iteration.txt``)."""
-    if not checkpoint_dir:
-        return None
-    try:
-        with open(os.path.join(checkpoint_dir, TRACKER_FILE), encoding="utf-8") as f:
-            text = f.read().strip()
-        return int(text) if text.isdigit() else None
-    except OSError:
-        return None
-
-
 def progress(all_records: list[dict[str, Any]], mine: list[dict[str, Any]], checkpoint_dir: str | None) -> dict:
     """Steps and checkpoints of an attempt: last step, resumed from, checkpoint reached, recomputed, cycles."""
     cycles = []
@@ -235,7 +223,7 @@ def progress(all_records: list[dict[str, Any]], mine: list[dict[str, Any]], chec
     steps = [r["step"] for r in mine if r.get("kind") == "train" and isinstance(r.get("step"), int)]
     saved = [r["step"] for r in all_records if r.get("kind") == "checkpoint" and isinstance(r.get("step"), int)
              and (not mine or r.get("time", 0) <= max(x.get("time", 0) for x in mine))]
-    checkpoint = tracker_step(checkpoint_dir)
+    checkpoint = read_tracker(checkpoint_dir)
     if checkpoint is None and saved:
         checkpoint = max(saved)
     for k, cycle in enumerate(cycles):

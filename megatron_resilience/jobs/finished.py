@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 
 from megatron_resilience.jobs import evidence as ev
+from megatron_resilience.records.checkpoint_layout import read_tracker
 from megatron_resilience.records.names import TRACKER_FILE
 
 # The trainers' own last words when their loop ran to the end (not printed on a signal/duration exit).
@@ -49,7 +50,7 @@ class Finished:
 
 def tracker_iteration(checkpoint_dir: str | None) -> int | None:
     """The iteration in Megatron's tracker file (``release`` and unreadable files: None)."""
-    return ev.tracker_step(checkpoint_dir)
+    return read_tracker(checkpoint_dir)
 
 
 def end_of_training_line(lines: list[str]) -> tuple[str, str] | None:

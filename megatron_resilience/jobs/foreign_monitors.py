@@ -31,7 +31,7 @@ import os
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import foreign_vocabulary, taxonomy
+from megatron_resilience.failures import foreign_vocabulary, taxonomy
 
 FILE_KEYS = ("class_name", "poll_interval_seconds", "check_interval_seconds", "inactivity_threshold_seconds",
              "log_signals", "log_events", "defaults", "termination_string", "termination_command",

@@ -40,7 +40,7 @@ import os
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import foreign_vocabulary, taxonomy
+from megatron_resilience.failures import foreign_vocabulary, taxonomy
 
 FILE_KEYS = ("policies",)
 ENTRY_KEYS = ("mode", "implementation")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.monitors import Monitor, load_monitors, monitors_from_dicts, preset_names
 from megatron_resilience.jobs.policies import Policy, load_policy, policy_from_dict
 from megatron_resilience.records.ledger import LEDGER_FILE

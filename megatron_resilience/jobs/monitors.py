@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import foreign_monitors, foreign_vocabulary, taxonomy, xid_codes
+from megatron_resilience.failures import foreign_vocabulary, taxonomy, xid_codes
+from megatron_resilience.jobs import foreign_monitors
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "monitors")
 ALWAYS_ON = "_slurm"

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 
 # An exclusion, or a hardware attribution counted towards one, lasts this long after it was last asked for: a node
 # repaired during a weeks-long run comes back, and the pool does not shrink for ever (nvidia-resiliency-ext's node

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError, check_keys
-from megatron_resilience.jobs import foreign_policy, foreign_vocabulary, policy_checks, taxonomy
+from megatron_resilience.failures import foreign_vocabulary, taxonomy
+from megatron_resilience.jobs import foreign_policy, policy_checks
 from megatron_resilience.jobs.monitors import read_raw, read_yaml, resolve_path, say_once
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "policies")

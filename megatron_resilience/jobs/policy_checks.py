@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 
 WHY_NOT_A_RULE = {
     "user_cancel": "a person's scancel is never retried",

@@ -19,7 +19,7 @@ when the watcher resubmits. A range (``--nodes=MIN-MAX``) alone is not enough: S
 allocates its lowest count even with every node idle, so it would never grow back (measured here).
 
 Shrinking keeps the training the same: the trainer resumes the checkpoint at the smaller data-parallel size
-with the same global batch (``runtime/reshard.py``); the plugin checked every size in the range at submit time.
+with the same global batch (``checkpointing/reshard.py``); the plugin checked every size in the range at submit time.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import re
 import signal as _signal
 from dataclasses import dataclass, field
 
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs.monitors import Signal
 
 FIRST_FAILURE_MONITOR = "worker_failed_exitcode"

@@ -88,7 +88,7 @@ class DistributedSignalHandler:
         the stop: a save already under way (a slow periodic save) may outlast the launcher's grace period, and
         the attempt must still read as preempted (requeued, resuming from the newest complete checkpoint).
         The stop itself rewrites it with the exact step. Only ``os``-level writes (see ``_handle``)."""
-        from megatron_resilience.runtime.checkpoint_layout import read_tracker  # stdlib only at import
+        from megatron_resilience.records.checkpoint_layout import read_tracker  # stdlib only at import
 
         tracked = read_tracker(self.checkpoint_root) if self.checkpoint_root else None
         write_stop_reason(self.run_dir, {
@@ -98,7 +98,7 @@ class DistributedSignalHandler:
 
     def _leave_during_setup(self) -> None:
         """Exit 0 now: nothing was trained, so nothing is lost. Only ``os``-level writes (see ``_handle``)."""
-        from megatron_resilience.runtime.checkpoint_layout import read_tracker  # stdlib only at import
+        from megatron_resilience.records.checkpoint_layout import read_tracker  # stdlib only at import
 
         tracked = read_tracker(self.checkpoint_root) if self.checkpoint_root else None
         os.write(2, (f"[rank {self.rank}] megatron_resilience.resilience.preemption: received {self.signal_name} at "

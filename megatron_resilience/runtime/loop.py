@@ -48,7 +48,7 @@ class TrainContext:
     dist: DistInfo
     state: TrainState
     hooks: TrainingHooks
-    checkpoints: Any  # runtime.local_checkpoint.TieredCheckpoints
+    checkpoints: Any  # checkpointing.tiers.TieredCheckpoints
     metrics: MetricsLogger
     datasets: Any
     train_iterator: Any
@@ -231,7 +231,7 @@ def save_checkpoint(ctx: TrainContext, why: str) -> None:
 
 
 def save_local_checkpoint(ctx: TrainContext) -> None:
-    """The non-persistent tier's save (node-local, replicated; runtime/local_checkpoint.py), inside FT's
+    """The non-persistent tier's save (node-local, replicated; checkpointing/tiers.py), inside FT's
     checkpointing section like any save."""
     with ctx.hooks.checkpoint_section():
         seconds = ctx.checkpoints.save_local(ctx.state)

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.runtime.checkpoint_layout import iter_dirs
+from megatron_resilience.records.checkpoint_layout import iter_dirs
 
 SHAPE_FILE = "model_shape.json"
 # The model settings that decide a tensor's shape or which tensors exist.

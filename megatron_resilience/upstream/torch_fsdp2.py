@@ -1,5 +1,5 @@
 """torch FSDP2 through Megatron-Core's ``TorchFullyShardedDataParallel``: what each release needs on the compute
-node. Imported by ``runtime/model.py`` and ``runtime/checkpoint_state.py`` only when
+node. Imported by ``runtime/model.py`` and ``checkpointing/state_dict.py`` only when
 ``parallel.data_parallel_strategy='torch_fsdp2'``; torch and megatron load inside the functions.
 
 Work-arounds, each for a fact measured on CPU with gloo (issue 33):

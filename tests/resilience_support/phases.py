@@ -69,7 +69,7 @@ def _padding(state) -> list[list]:
     (uninitialized memory, different in every save), so those stretches are not compared."""
     from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensor
 
-    from megatron_resilience.runtime import checkpoint_state
+    from megatron_resilience.checkpointing import state_dict as checkpoint_state
 
     found = []
 

@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
+from megatron_resilience.checkpointing import state_dict as checkpoint_state
+from megatron_resilience.checkpointing.manager import CheckpointManager
 from megatron_resilience.config import PretrainConfig
-from megatron_resilience.runtime import checkpoint_state, collectives, model_shape
-from megatron_resilience.runtime.checkpoint import CheckpointManager
+from megatron_resilience.runtime import collectives, model_shape
 from megatron_resilience.runtime.state import TrainState
 from megatron_resilience.upstream import nvrx_local_checkpoint as nvrx_local
 

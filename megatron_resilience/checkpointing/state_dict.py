@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from megatron_resilience.runtime import reshard
+from megatron_resilience.checkpointing import reshard
 from megatron_resilience.runtime.state import TrainState
 
 log = logging.getLogger(__name__)

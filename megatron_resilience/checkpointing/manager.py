@@ -47,16 +47,17 @@ from typing import Any, Callable
 import torch
 
 from megatron_resilience import upstream
+from megatron_resilience.checkpointing import readable, reshard
+from megatron_resilience.checkpointing import state_dict as checkpoint_state
+from megatron_resilience.checkpointing.interval import AdaptiveInterval
 from megatron_resilience.config import CheckpointConfig, ConfigError
-from megatron_resilience.runtime import checkpoint_layout as layout
-from megatron_resilience.runtime import checkpoint_state, collectives, reshard
-from megatron_resilience.runtime.checkpoint_interval import AdaptiveInterval
-from megatron_resilience.runtime.checkpoint_layout import atomic_write_text  # noqa: F401  (public re-export)
+from megatron_resilience.records import checkpoint_layout as layout
+from megatron_resilience.runtime import collectives
 from megatron_resilience.runtime.state import TrainState
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointManager", "atomic_write_text"]
+__all__ = ["CheckpointManager"]
 
 
 @dataclass(kw_only=True)
@@ -168,7 +169,7 @@ class CheckpointManager:
         """
         cfg = self.config
         if cfg.load is not None and cfg.save is not None and os.path.abspath(cfg.load) != os.path.abspath(cfg.save):
-            own = collectives.broadcast_object(layout.complete_checkpoints(cfg.save) if collectives.rank() == 0
+            own = collectives.broadcast_object(readable.complete_checkpoints(cfg.save) if collectives.rank() == 0
                                                else None)
             if own:
                 if announce and collectives.rank() == 0:
@@ -178,7 +179,7 @@ class CheckpointManager:
         root = cfg.load_dir
         if root is None:
             return None, None
-        return root, collectives.broadcast_object(layout.complete_checkpoints(root) if collectives.rank() == 0
+        return root, collectives.broadcast_object(readable.complete_checkpoints(root) if collectives.rank() == 0
                                                   else None)
 
     def _load_latest(self, state: TrainState) -> bool:

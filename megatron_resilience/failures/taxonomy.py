@@ -65,7 +65,8 @@ ERROR_TYPES: tuple[ErrorType, ...] = (
               names_its_host=True),
     # Hardware: most specific first, they explain the NCCL/CUDA errors that follow them.
     ErrorType("xid_error", "crash", "gpu", "NVIDIA driver Xid error that points at the GPU or node (fell off "
-              "the bus, uncorrectable ECC, NVLink, GSP; jobs/xid_codes.py)", points_at="machine", names_its_host=True),
+              "the bus, uncorrectable ECC, NVLink, GSP; failures/xid_codes.py)", points_at="machine",
+              names_its_host=True),
     ErrorType("ecc_error", "crash", "gpu", "uncorrectable ECC error", points_at="machine", names_its_host=True),
     ErrorType("node_fail", "crash", "node", "Slurm NODE_FAIL: a node of the job stopped responding",
               points_at="machine", slurm_states=("NODE_FAIL", "BOOT_FAIL"), step_states=("NODE_FAIL",)),

@@ -14,7 +14,8 @@ every rank has finished writing, so a directory named ``iter_N`` is complete by
 construction. The tracker is a hint for humans and Megatron-LM tools, not the
 source of truth: a crash between the rename and the tracker update, or a damaged
 directory, must not lose or poison a resume, so :func:`complete_checkpoints`
-scans the ``iter_*`` directories and checks their metadata itself.
+scans the ``iter_*`` directories and checks their metadata itself
+(``checkpointing.readable``: that check reads dist_checkpointing's metadata, so it lives on the compute node).
 
 Everything here is plain filesystem work run by rank 0; no collectives.
 """
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
 _ITER_RE = ITER_DIR
-_TMP_RE = re.compile(r"^iter_\d{7,}\.(tmp|old)(\..*)?$")
+TMP_RE = re.compile(r"^iter_\d{7,}\.(tmp|old)(\..*)?$")
 
 
 def fsync_dir(path: str) -> None:
@@ -80,12 +81,15 @@ def directory_bytes(path: str) -> int:
     return total
 
 
-def read_tracker(root: str) -> int | None:
-    """The step named by the tracker file, or None when it is missing or not a number."""
+def read_tracker(root: str | None) -> int | None:
+    """The step named by the tracker file (Megatron's name: ours, Megatron-LM's and Megatron-Bridge's), or None when
+    there is no folder, no tracker, an unreadable one or not a number."""
+    if not root:
+        return None
     try:
         with open(os.path.join(root, TRACKER_FILE), encoding="utf-8") as handle:
             text = handle.read().strip()
-    except FileNotFoundError:
+    except OSError:
         return None
     return int(text) if text.isdigit() else None
 
@@ -107,58 +111,12 @@ def iter_dirs(root: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def why_incomplete(path: str, step: int) -> str | None:
-    """Why ``path`` cannot be a complete checkpoint of ``step``; None when it looks complete.
-
-    Checks what dist_checkpointing writes last (``metadata.json``, and the
-    torch_dist ``.metadata`` index) and reads the small common state (step,
-    scheduler, data position), so a truncated or foreign directory is caught
-    before any rank starts loading tensors from it.
-    """
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.core import maybe_load_config
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
-
-    try:
-        config = maybe_load_config(path)
-    except Exception as err:  # noqa: BLE001 - any parse error means "not readable"
-        return f"unreadable metadata.json ({type(err).__name__}: {err})"
-    if config is None:
-        return "no metadata.json (the save did not finish)"
-    if config.sharded_backend == "torch_dist" and not os.path.exists(os.path.join(path, ".metadata")):
-        return "no .metadata index (the save did not finish)"
-    try:  # megatron-core >= 0.17 reads it from the torch_dist shards: a damaged one raises CheckpointException
-        common = dist_checkpointing.load_common_state_dict(path)
-    except (Exception, CheckpointException) as err:  # noqa: BLE001
-        return f"unreadable common state ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-    saved_step = common.get("step") if isinstance(common, dict) else None
-    if saved_step != step:
-        return f"holds step {saved_step!r}, expected {step}"
-    return None
-
-
-def complete_checkpoints(root: str) -> list[int]:
-    """Steps of the complete checkpoints under ``root``, newest first; warns about each one skipped."""
-    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        if _TMP_RE.match(name):
-            log.warning("checkpoint: skipping %s: a save that never finished (cut off mid-write)",
-                        os.path.join(root, name))
-    steps = []
-    for step, path in reversed(iter_dirs(root)):
-        reason = why_incomplete(path, step)
-        if reason is None:
-            steps.append(step)
-        else:
-            log.warning("checkpoint: skipping %s: %s", path, reason)
-    return steps
-
-
 def remove_stale_tmp(root: str, *, keep: str | None = None) -> list[str]:
     """Delete ``iter_*.tmp`` / ``iter_*.old`` leftovers of saves cut off by a crash; returns what was removed."""
     removed = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         path = os.path.join(root, name)
-        if _TMP_RE.match(name) and path != keep and os.path.isdir(path):
+        if TMP_RE.match(name) and path != keep and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if removed:

@@ -14,7 +14,7 @@ A monitor emits one type: a foreign name maps to the first type of its set, or t
 from __future__ import annotations
 
 from megatron_resilience.config.validate import ConfigError
-from megatron_resilience.jobs import taxonomy
+from megatron_resilience.failures import taxonomy
 
 # foreign name -> (this package's types, what it means)
 ERROR_TYPES: dict[str, tuple[tuple[str, ...], str]] = {
