@@ -152,8 +152,45 @@ def compare_losses(mine: dict[int, float], ref: dict[int, float], steps: int) ->
     return f"differ (max {worst:.1e})"
 
 
-def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: int | None, clusters: dict) -> dict:
+def watch_with_chaos(run_dir: str, job: str, env: dict, args, name: str, extra: list[str] = ()) -> float:
+    """Once the job's first attempt has started (the batch script writes the job-level config the watcher reads):
+    the chaos stream and the watcher beside it until the ledger records the run's end; their output in
+    ``<out>/<name>.{chaos,watch}.log``. Returns the seconds from the first attempt's start to the end."""
     from megatron_resilience.records.ledger import Ledger
+
+    ledger = Ledger(os.path.join(run_dir, "job_ledger.jsonl"))
+    logs = {k: open(os.path.join(args.out, f"{name}.{k}.log"), "w") for k in ("watch", "chaos")}
+    waited = time.monotonic()
+    while not (os.path.isdir(run_dir) and ledger.records("attempt_start")) and time.monotonic() - waited < 600:
+        time.sleep(1)
+    started = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "megatron_resilience.chaos", run_dir, "--job-id", job,
+                               "--mtbf", str(args.mtbf), "--clock", args.clock, "--mix", args.mix,
+                               "--seed", str(args.seed), "--max-count", str(args.max_count),
+                               "--max-time", str(args.job_minutes * 60), "--repair", str(args.repair), *extra],
+                              env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT),
+             subprocess.Popen([sys.executable, "-m", "megatron_resilience.watch", run_dir, "--job-id", job,
+                               "--interval", "2"], env=env, stdout=logs["watch"], stderr=subprocess.STDOUT)]
+    try:
+        while ledger.final() is None and time.monotonic() - started < args.job_minutes * 60 + 600:
+            time.sleep(5)
+        for proc in procs:
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+        for f in logs.values():
+            f.close()
+    return time.monotonic() - started
+
+
+def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: int | None, clusters: dict) -> dict:
     from megatron_resilience.report.run_report import build as build_report
     from megatron_resilience.report.run_report import format_report
     from megatron_resilience.report.timeline import write_timeline
@@ -173,36 +210,7 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
                  minutes=args.job_minutes, ranks_per_node=args.ranks_per_node)
     print(f"[{name}] job {job}: {' '.join(overrides)}", flush=True)
     os.makedirs(run_dir, exist_ok=True)
-    ledger = Ledger(os.path.join(run_dir, "job_ledger.jsonl"))
-    logs = {k: open(os.path.join(args.out, f"{name}.{k}.log"), "w") for k in ("watch", "chaos")}
-    chaos = subprocess.Popen([sys.executable, "-m", "megatron_resilience.chaos", run_dir, "--job-id", job,
-                              "--mtbf", str(args.mtbf), "--clock", args.clock, "--mix", args.mix,
-                              "--seed", str(args.seed),
-                              "--max-count", str(args.max_count), "--max-time", str(args.job_minutes * 60),
-                              "--repair", str(args.repair), *(f"--lemon={x}" for x in args.lemon)],
-                             env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT)
-    started = time.monotonic()
-    while not ledger.records("attempt_start") and time.monotonic() - started < 600:
-        time.sleep(1)  # the watcher reads the job-level config the batch script writes at its start
-    watcher = subprocess.Popen([sys.executable, "-m", "megatron_resilience.watch", run_dir, "--job-id", job,
-                                "--interval", "2"], env=env, stdout=logs["watch"], stderr=subprocess.STDOUT)
-    try:
-        while ledger.final() is None and time.monotonic() - started < args.job_minutes * 60 + 600:
-            time.sleep(5)
-        for proc in (watcher, chaos):
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-                proc.wait(timeout=60)
-    finally:
-        for proc in (watcher, chaos):
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=60)
-        for f in logs.values():
-            f.close()
-    wall = time.monotonic() - started
+    wall = watch_with_chaos(run_dir, job, env, args, name, extra=[f"--lemon={x}" for x in args.lemon])
     os.environ["SLURM_CONF"] = cluster["slurm_conf"]
     report = build_report(run_dir)
     text = format_report(report, evidence=False)

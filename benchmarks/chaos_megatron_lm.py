@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chaos import classified_text, slurm_state, start_cluster  # noqa: E402
+from chaos import classified_text, slurm_state, start_cluster, watch_with_chaos  # noqa: E402
 from common import REPO, describe, machine, table, write_json  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests" / "megatron_lm"))
@@ -96,7 +95,6 @@ def compare_losses(text: str, reference: dict[int, str], steps: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from megatron_resilience.chaos.cli import duration
-    from megatron_resilience.records.ledger import Ledger
     from megatron_resilience.report.run_report import build as build_report
     from megatron_resilience.report.run_report import format_report
 
@@ -129,35 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     job, job_dir = submit("mlm-chaos", clusters["multinode"], partition="faults", **shape)
     print(f"[mlm-chaos] job {job}: {job_dir}", flush=True)
     env = {**os.environ, "SLURM_CONF": clusters["multinode"]["slurm_conf"]}
-    ledger = Ledger(os.path.join(job_dir, "job_ledger.jsonl"))
-    logs = {k: open(os.path.join(args.out, f"mlm-chaos.{k}.log"), "w") for k in ("watch", "chaos")}
-    started = time.monotonic()
-    while not (os.path.isdir(job_dir) and ledger.records("attempt_start")) and time.monotonic() - started < 600:
-        time.sleep(1)  # the job folder and the job-level config exist once the batch script has started
-    chaos = subprocess.Popen([sys.executable, "-m", "megatron_resilience.chaos", job_dir, "--job-id", job,
-                              "--mtbf", str(args.mtbf), "--clock", args.clock, "--mix", args.mix,
-                              "--seed", str(args.seed), "--max-count", str(args.max_count),
-                              "--max-time", str(args.job_minutes * 60), "--repair", str(args.repair)],
-                             env=env, stdout=logs["chaos"], stderr=subprocess.STDOUT)
-    watcher = subprocess.Popen([sys.executable, "-m", "megatron_resilience.watch", job_dir, "--job-id", job,
-                                "--interval", "2"], env=env, stdout=logs["watch"], stderr=subprocess.STDOUT)
-    try:
-        while ledger.final() is None and time.monotonic() - started < args.job_minutes * 60 + 600:
-            time.sleep(5)
-        for proc in (watcher, chaos):
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-                proc.wait(timeout=60)
-    finally:
-        for proc in (watcher, chaos):
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=60)
-        for f in logs.values():
-            f.close()
-    wall = time.monotonic() - started
+    wall = watch_with_chaos(job_dir, job, env, args, "mlm-chaos")
     os.environ["SLURM_CONF"] = clusters["multinode"]["slurm_conf"]
     report = build_report(job_dir)
     text = format_report(report, evidence=False)
