@@ -61,6 +61,17 @@ class Job:
         """Per-step training loss; a step re-run after a restart keeps its last value."""
         return {r["step"]: r["loss"] for r in self.records() if r.get("kind") == "train"}
 
+    def losses_per_start(self) -> list[dict[int, float]]:
+        """Per-step training loss of each (re)start of the trainer, in order: a step trained before a fault and again
+        after the resume appears in both, so the two can be compared."""
+        runs: list[dict[int, float]] = []
+        for r in self.records():
+            if r.get("kind") == "start":
+                runs.append({})
+            elif r.get("kind") == "train":
+                runs[-1][r["step"]] = r["loss"]
+        return runs
+
     def starts(self) -> list[int]:
         """The step each (re)start of the trainer began from."""
         return [r["step"] for r in self.records() if r.get("kind") == "start"]

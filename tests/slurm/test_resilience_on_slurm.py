@@ -16,12 +16,13 @@ machine is (the suite must pass with both cores saturated):
 - the ``scancel -s SIGTERM`` jobs (``Script``, inline ``Script`` with 2 tasks launched by ``srun`` and no
   launcher, torchrun ``Partial``): signalled once they train; checkpoint, requeue, resume with losses equal to
   an uninterrupted run;
-- fault tolerance (a killed rank in sections mode, a hung rank in heartbeats mode, exhausted restarts), rerun
-  exit codes, status and logs from a later session.
+- fault tolerance (a killed rank in sections mode, also under torch FSDP2, a hung rank in heartbeats mode,
+  exhausted restarts), rerun exit codes, status and logs from a later session.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -58,6 +59,11 @@ STEPS = 100
 HB_INITIAL, HB = 600.0, 180.0
 SIGNAL_AFTER_STEP = 5  # scancel jobs: signal once training is under way
 SCANCEL_JOBS = ("script", "inline", "torchrun")
+FSDP2_STEPS, FSDP2_FAULT_STEP = 30, 29  # checkpoints at 10, 20, 30; steps 21-28 trained twice
+FSDP2_JOB = dict(max_steps=FSDP2_STEPS, save_interval=10, parallel__data_parallel_strategy="torch_fsdp2",
+                 model__share_embeddings_and_output_weights=False, ft__simulate_fault=True,
+                 ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
+                 ft__simulated_fault_step=FSDP2_FAULT_STEP)
 
 
 def trainer_args(run_dir: str, max_steps: int) -> list[str]:
@@ -117,6 +123,10 @@ def jobs(slurm_cluster, nemorun_home, slurm_tmp):
     partial("ft_killed", launcher=None, plugins=ft_and_preemption(), max_steps=STEPS, save_interval=10,
             ft__simulate_fault=True, ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
             ft__simulated_fault_step=25)
+    # The same fault under torch FSDP2 (parameters, gradients and Adam state sharded over the 2 ranks; FSDP2 needs
+    # untied embeddings): killed at the start of step FSDP2_FAULT_STEP, so the first run's steps after the step-20
+    # checkpoint are the uninterrupted run the resumed steps are compared with (no second job).
+    partial("ft_fsdp2", launcher=None, plugins=ft_and_preemption(), **FSDP2_JOB)
     # Heartbeats mode through the plugin: a rank hung at step 25 misses its heartbeat; restart, resume from 20.
     partial("ft_heartbeats", launcher=None, max_steps=STEPS, save_interval=10,
             plugins=[FaultTolerancePlugin(num_in_job_restarts=2, num_job_retries_on_failure=0,
@@ -279,6 +289,39 @@ def test_3a_killed_rank_is_restarted_in_job_and_finishes(jobs):
     assert "will restart worker group" in log, job.describe()
     assert job.starts()[:2] == [0, 20], job.describe()  # in-job restart resumed from the step-20 checkpoint
     assert job.losses() == js["ref"].losses()
+
+
+def test_3a_fsdp2_killed_rank_is_restarted_in_job_and_resumes_exact(jobs):
+    """torch FSDP2 (issue 33): rank 1 killed at the start of step 29, ft_launcher restarts both ranks inside the job,
+    they resume from the sharded step-20 checkpoint and train steps 21-28 again with the losses of their first,
+    uninterrupted pass, bit for bit (model shards, Adam state, data position and schedule all restored)."""
+    job = jobs["jobs"]["ft_fsdp2"]
+    info = jobs["finals"]["ft_fsdp2"]
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
+    assert [a["State"] for a in job.attempts()] == ["COMPLETED"], job.describe()
+    log = job.attempt_log(0).splitlines()
+    fault = next(i for i, line in enumerate(log) if "SIMULATED FAULT" in line)
+    assert "rank_killed on rank 1 (pid" in log[fault] and f"at the start of step {FSDP2_FAULT_STEP}" in log[fault]
+    restart = next(i for i, line in enumerate(log) if "will restart worker group" in line)
+    resumed = next(i for i, line in enumerate(log) if "setup: resumed at step 20 (consumed_samples=160)" in line)
+    assert fault < restart < resumed, (fault, restart, resumed)
+    assert sum("distributed: world_size=2 tp=1 pp=1 dp=2" in line for line in log) == 2, job.describe()
+    assert job.starts() == [0, 20], job.describe()
+    first, after = job.losses_per_start()
+    assert sorted(first) == list(range(1, FSDP2_FAULT_STEP)), job.describe()
+    assert sorted(after) == list(range(21, FSDP2_STEPS + 1)), job.describe()
+    again = range(21, FSDP2_FAULT_STEP)
+    assert {s: after[s] for s in again} == {s: first[s] for s in again}  # bitwise, as metrics.jsonl holds them
+    assert finish_record(job.stop_reason()) == finished_at(FSDP2_STEPS)
+    # On disk: sharded torch_dist checkpoints, each saying which strategy its tensors are sharded for.
+    assert job.checkpoint_steps() == [10, 20, 30], job.describe()
+    for step in job.checkpoint_steps():
+        folder = os.path.join(job.run_dir, "checkpoints", f"iter_{step:07d}")
+        with open(os.path.join(folder, "metadata.json")) as f:
+            assert json.load(f)["sharded_backend"] == "torch_dist"
+        with open(os.path.join(folder, "model_shape.json")) as f:
+            shape = json.load(f)
+        assert (shape["data_parallel_strategy"], shape["share_embeddings_and_output_weights"]) == ("torch_fsdp2", False)
 
 
 def test_3a_heartbeats_mode_hung_rank_is_restarted_in_job_and_finishes(jobs):
