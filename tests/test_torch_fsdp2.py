@@ -20,6 +20,7 @@ Real ft_launcher, torchrun, Megatron-Core's FSDP2 adapter and dist_checkpointing
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -121,6 +122,15 @@ def test_dp2_checkpoint_resumes_at_dp1_and_back_within_the_bound(runs):
     ref = runs["reference"].losses()
     _within_bound(runs["dp1"], ref, range(5, 13), 1)
     _within_bound(runs["dp2_again"], ref, range(9, 13), 2)
+
+
+def test_the_model_line_counts_the_parameters_each_rank_holds(runs):
+    """Rank 0 of 2 holds its FSDP2 shard of every parameter (at least half of the whole, padding aside), the single
+    rank of the DP 1 run all of it; a DTensor's numel() would say the whole on both."""
+    held = re.compile(r"model: GPT .*, (\d+) parameters held by this rank")
+    whole = int(held.search(runs["dp1"]["proc"].stdout).group(1))
+    shard = int(held.search(runs["reference"].log()).group(1))
+    assert whole / 2 <= shard < whole, (shard, whole)
 
 
 def test_a_checkpoint_resumes_only_under_the_strategy_it_was_saved_with(runs):

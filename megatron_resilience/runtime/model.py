@@ -155,9 +155,11 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
     tconfig.finalize_model_grads_func = finalize_model_grads
     tconfig.no_sync_func = ddp.no_sync
     if dist.rank == 0:
-        n_params = sum(p.numel() for p in gpt.parameters())
+        # what this rank holds: its pipeline stage and tensor shard, and with FSDP2 its data-parallel shard (a
+        # DTensor's numel() is the whole parameter's)
+        n_params = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in gpt.parameters())
         log.info("model: GPT %d layers, hidden %d, heads %d (%d query groups), attention %s%s, "
-                 "%d parameters on this stage/shard", m.num_layers, m.hidden_size, m.num_attention_heads,
+                 "%d parameters held by this rank", m.num_layers, m.hidden_size, m.num_attention_heads,
                  m.query_groups, backend, "" if m.attention_backend == backend else f" ({m.attention_backend})",
                  n_params)
     return [ddp]
