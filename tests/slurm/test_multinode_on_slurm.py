@@ -151,9 +151,7 @@ def test_sigterm_reaches_every_rank_on_both_nodes_and_the_requeued_job_resumes_w
     info = finals["mn_signalled"]
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), job.describe()
     assert [a["State"] for a in job.attempts()] == ["REQUEUED", "COMPLETED"], job.describe()
-    (results,) = [p for p in os.listdir(job.job_dir) if p.endswith("_job_results")]
-    assert open(os.path.join(job.job_dir, results)).read().split() == [
-        job.slurm_id, "0", "S", job.slurm_id, "1", "S"], job.describe()  # the preemption spent no retry
+    assert job.job_results() == [f"{job.slurm_id} 0 S", f"{job.slurm_id} 1 S"], job.describe()  # no retry spent
     assert job.starts() == [0, stopped], job.describe()
     assert job.losses() == ref.losses(), job.describe()
     _assert_finished(job)

@@ -260,9 +260,7 @@ def test_signal_during_a_restart_by_ft_launcher_then_inside_a_step(jobs):
     assert starts[0] == (0, 0, 0) and starts[1] == (10, 1, 0), job.describe()
     assert starts[2] == (in_step["step"], 2, 0) and in_step["step"] >= 25, job.describe()
     # Each requeue was a success in nemo_run's FT bookkeeping: no failure retry spent on a preemption.
-    (results,) = [os.path.join(job.job_dir, p) for p in os.listdir(job.job_dir) if p.endswith("_job_results")]
-    assert open(results).read().split() == [job.slurm_id, "0", "S", job.slurm_id, "1", "S", job.slurm_id, "2",
-                                            "S"], job.describe()
+    assert job.job_results() == [f"{job.slurm_id} {n} S" for n in range(3)], job.describe()
     _assert_same_losses(job, js["ref"])
 
 
