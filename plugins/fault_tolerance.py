@@ -96,6 +96,8 @@ class FaultTolerancePlugin(run.Plugin):
     section timeouts apply with ``mode="sections"``, heartbeat timeouts with ``mode="heartbeats"``; a
     section timeout of None means no limit. ``nvrx_version`` is the nvidia-resiliency-ext release of the
     cluster's container, used to render ft_launcher's settings; None -> the one installed where you submit.
+    ``megatron_core_version`` likewise names the cluster's megatron-core, against which a Megatron-LM task's
+    ``inprocess_restart`` is checked (``megatron_lm_flags.check_inprocess_restart``).
     ``rdzv_join_timeout`` (whole seconds, multi-node Slurm jobs): every node must join each rendezvous round
     (the first and the one after every in-job restart) within it; after a node is lost the other agents
     give up after it (exit 1) and the job is requeued. It must cover the nodes' start-up skew.
@@ -149,6 +151,8 @@ class FaultTolerancePlugin(run.Plugin):
     local_checkpoint_interval: int | None = None
     replication_factor: int = 1
     replication_jump: int | None = None
+    # the cluster's megatron-core, for Megatron-LM's --inprocess-restart (megatron_lm_flags.check_inprocess_restart)
+    megatron_core_version: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("enable_ft_package", "calc_ft_timeouts"):
@@ -186,6 +190,7 @@ class FaultTolerancePlugin(run.Plugin):
                      self.nvrx_version)
         ft_features.validate(self)
         inprocess_restart.validate(self)
+        megatron_lm_flags.validate_megatron_core_version(f"{NAME}.megatron_core_version", self.megatron_core_version)
 
     # ----------------------------------------------------------------------------------------------------------
     def setup(self, task: Any, executor: Any) -> None:

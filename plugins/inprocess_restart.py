@@ -140,7 +140,7 @@ def apply_task(p: Any, target: Any, executor: Any) -> tuple[InProcessConfig, int
                 replication_jump=jump, plugin=NAME)
         elif target.converter is not None:
             append_script_args(target, NAME, args)
-            megatron_lm_flags.warn_inprocess_restart(target, NAME)
+            megatron_lm_flags.check_inprocess_restart(target, NAME, p.megatron_core_version)
         elif target.nemo is not None:
             log.warning("%s: inprocess_restart/local_checkpoint_dir on a NeMo 2.0 task: NeMo has no in-process "
                         "restart nor Megatron-style node-local checkpoints to switch on; the executor is set up (srun "

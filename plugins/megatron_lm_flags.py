@@ -14,7 +14,12 @@ more, which its users forget because a single run never shows it (facts with the
 * no learned timeouts with node-local saves (:func:`no_learned_timeouts_with_local_saves`, FaultTolerancePlugin):
   Megatron-LM would learn its checkpointing timeout from the local saves and end the next persistent save as hung;
 * a warning (:func:`warn_save_at_signal`, PreemptionPlugin) when it saves in ``torch_dist``, whose save at the
-  signal failed under ft_launcher (megatron-core 0.19.2; the lane pins it).
+  signal failed under ft_launcher (megatron-core 0.19.2; the lane pins it);
+* ``--inprocess-restart`` refused before submission (:func:`check_inprocess_restart`, FaultTolerancePlugin) where
+  no in-process restart iteration of Megatron-LM can run: with ``--enable-ft-package`` (any release) or on a
+  megatron-core from 0.18; warned on 0.17.1, where every iteration shares one restart store. The release is the
+  one installed where the job is submitted, or the cluster's, named by
+  ``FaultTolerancePlugin(megatron_core_version=...)``.
 
 Only tasks the plugins recognise as Megatron-LM from their arguments (``trainer_detect``) and that give no
 ``script_args_converter_fn`` are touched; a Bridge or unknown script never is.
@@ -25,13 +30,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from megatron_resilience.config import ConfigError
+from megatron_resilience.config.validate import fail
 from megatron_resilience.plugins.trainer_detect import detect_script_trainer, flag_values
 from megatron_resilience.upstream.megatron_lm import (
-    INPROCESS_HANDLE_DROPPED_FROM,
+    INPROCESS_ARGS_DESTROYED_FROM,
+    INPROCESS_STORE_UNPREFIXED_FROM,
     LEARNED_TIMEOUT_SAFETY_FACTOR,
     NVRX_DEFAULT_SAFETY_FACTOR,
 )
-from megatron_resilience.upstream.versions import package_version
+from megatron_resilience.upstream.versions import package_version, parse_version
 
 log = logging.getLogger("megatron_resilience.plugins")
 
@@ -122,24 +130,80 @@ def warn_save_at_signal(target: Any, plugin: str) -> bool:
     return True
 
 
-def warn_inprocess_restart(target: Any, plugin: str) -> bool:
-    """Warn a Megatron-LM task given ``--inprocess-restart`` when the megatron-core installed where it is submitted
-    is one whose ``pretrain`` never receives the in-process wrapper's handle (``upstream/megatron_lm.py``); the
-    cluster's own megatron-core is not known here, so this is a warning with the facts, not a refusal."""
+def validate_megatron_core_version(key: str, value: object) -> None:
+    """``FaultTolerancePlugin.megatron_core_version``: None (the installed one) or a version string."""
+    if value is None:
+        return
+    allowed = "must be the cluster's megatron-core release as a string, like '0.19.2' or '0.17' (or None: the " \
+              "one installed where the job is submitted)"
+    if not isinstance(value, str):  # 0.10 as a number is 0.1
+        fail(key, allowed + "; a number loses digits, quote it", value)
+    try:
+        parse_version(value)
+    except ValueError:
+        fail(key, allowed, value)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def check_inprocess_restart(target: Any, plugin: str, megatron_core_version: str | None) -> bool:
+    """Refuse (ConfigError) a Megatron-LM task given ``--inprocess-restart`` where no restart iteration can run:
+    with ``--enable-ft-package`` (any release), or on a megatron-core from 0.18; warn on 0.17.1, whose iterations
+    share one restart store; returns whether it warned.
+
+    The release: ``megatron_core_version`` (the cluster's, as the user names it) or else the one installed where
+    the job is submitted; with neither known, a warning says what to check (``upstream/megatron_lm.py`` has the
+    facts, ``tests/megatron_lm/test_megatron_lm_inprocess_restart.py`` the runs that measured them)."""
     if not is_megatron_lm(target) or "--inprocess-restart" not in _args(target):
         return False
-    installed = package_version("megatron-core")
-    if installed is None or installed < INPROCESS_HANDLE_DROPPED_FROM:
-        return False
-    log.warning("%s: Megatron-LM --inprocess-restart with megatron-core %s installed here: from %s its pretrain "
-                "annotates inprocess_call_wrapper as Optional[Any], so nvidia-resiliency-ext's wrapper never hands it "
-                "its CallWrapper, the restart store is not prefixed per iteration and a second in-process iteration "
-                "meets the first one's keys (read in 0.19.2's source, not run; Megatron-Bridge fixed the same in its "
-                "own adapter, Megatron-Bridge PR #5187); if the cluster runs such a megatron-core, a fault goes on to "
-                "ft_launcher's process restart", plugin, ".".join(map(str, installed)),
-                ".".join(map(str, INPROCESS_HANDLE_DROPPED_FROM)))
-    return True
+    key = f"{plugin}.megatron_core_version"
+    if megatron_core_version is not None:
+        version, source = parse_version(megatron_core_version), f"{key}={megatron_core_version!r}"
+    else:
+        version, source = package_version("megatron-core"), "installed where the job is submitted"
+    reasons, ways = [], [f"use ft_launcher's in-job restart instead: {plugin}(inprocess_restart=False) restarts the "
+                         f"worker group, which resumes from --load (local_checkpoint_dir still adds node-local saves)"]
+    if "--enable-ft-package" in _args(target):
+        reasons.append("with --enable-ft-package (enable_ft_package=True) each one fails in Megatron-LM's "
+                       "ft_integration.setup with 'AssertionError: rank monitor client is already initialized.': the "
+                       "first iteration's client is shut down only by a pretrain that returns (every release with "
+                       "--inprocess-restart, 0.13.0 to Megatron-LM's main, read; measured with 0.19.2)")
+    if version is not None and version >= INPROCESS_ARGS_DESTROYED_FROM:
+        reasons.append(f"with megatron-core {_dotted(version)} ({source}) each one fails with 'AssertionError: "
+                       f"args is not initialized.': from {_dotted(INPROCESS_ARGS_DESTROYED_FROM)} (Megatron-LM PR "
+                       f"#4225) pretrain_gpt.py parses its arguments before the in-process wrapper, whose finalize "
+                       f"destroys them (measured with 0.19.2)")
+        ways.append(f"if the cluster's container runs another megatron-core, name it: "
+                    f"{plugin}(megatron_core_version='0.17.0')")
+    elif reasons:
+        ways.append(f"or {plugin}(enable_ft_package=False), leaving hangs to the in-process wrapper's timeouts")
+    shared = version is not None and version >= INPROCESS_STORE_UNPREFIXED_FROM
+    store = (f"from {_dotted(INPROCESS_STORE_UNPREFIXED_FROM)} (Megatron-LM PR #4420, backported by #4453) pretrain "
+             f"annotates inprocess_call_wrapper as Optional[Any], so nvidia-resiliency-ext's wrapper never passes it "
+             f"its CallWrapper and every restart iteration's process group meets the previous one's keys in one "
+             f"restart store")
+    if reasons:
+        raise ConfigError(
+            f"{plugin}.inprocess_restart: no in-process restart iteration of Megatron-LM can run here: "
+            + "; and ".join(reasons) + " (a failed iteration is restarted forever: no release passes "
+            "--inprocess-max-iterations to the wrapper)" + (f"; also, {store}" if shared else "") + "; "
+            + "; ".join(ways))
+    if version is None:
+        log.warning("%s: Megatron-LM --inprocess-restart and no megatron-core installed here: from megatron-core "
+                    "%s no in-process restart iteration can run (Megatron-LM PR #4225: 'AssertionError: args is not "
+                    "initialized.'), from %s its iterations share one restart store (PR #4420/#4453); name the "
+                    "cluster's release with %s(megatron_core_version=...) to have it checked", plugin,
+                    _dotted(INPROCESS_ARGS_DESTROYED_FROM), _dotted(INPROCESS_STORE_UNPREFIXED_FROM), plugin)
+        return True
+    if shared:
+        log.warning("%s: Megatron-LM --inprocess-restart with megatron-core %s (%s): %s (seen once by hand with "
+                    "0.19.2: two restart iterations failed in the process-group rendezvous before a third resumed)",
+                    plugin, _dotted(version), source, store)
+        return True
+    return False
 
 
-__all__ = ["ensure_load", "is_megatron_lm", "learned_timeout_settings", "no_learned_timeouts_with_local_saves",
-           "warn_inprocess_restart", "warn_save_at_signal"]
+__all__ = ["check_inprocess_restart", "ensure_load", "is_megatron_lm", "learned_timeout_settings",
+           "no_learned_timeouts_with_local_saves", "validate_megatron_core_version", "warn_save_at_signal"]

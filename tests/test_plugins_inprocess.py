@@ -85,13 +85,15 @@ def test_a_users_restart_policy_ports_and_block_are_kept(tmp_path):
 
 def test_script_trainers_get_their_own_flags(tmp_path):
     lm, bridge = megatron_lm_task(), bridge_task()
-    FaultTolerancePlugin(inprocess_restart=True, replication_factor=2, **LOCAL).setup(lm, slurm(tmp_path))
+    # Megatron-LM's in-process restart runs only without its FT package, on a megatron-core before 0.18
+    # (plugins/megatron_lm_flags.py check_inprocess_restart, tests/test_plugins_megatron_lm_inprocess.py)
+    FaultTolerancePlugin(inprocess_restart=True, replication_factor=2, enable_ft_package=False,
+                         megatron_core_version="0.17.0", **LOCAL).setup(lm, slurm(tmp_path))
     FaultTolerancePlugin(inprocess_restart=True, replication_factor=2, **LOCAL).setup(bridge, slurm(tmp_path))
-    # with node-local saves the plugin drops --calc-ft-timeouts (plugins/megatron_lm_flags.py says why)
-    assert lm.args[-13:] == ["--enable-ft-package", "--inprocess-restart", "--non-persistent-ckpt-type", "local",
+    assert lm.args[-12:] == ["--inprocess-restart", "--non-persistent-ckpt-type", "local",
                              "--non-persistent-local-ckpt-dir", "/local/ckpt", "--non-persistent-save-interval", "10",
                              "--replication", "--replication-jump", "8", "--replication-factor", "2"]
-    assert "--calc-ft-timeouts" not in lm.args
+    assert "--calc-ft-timeouts" not in lm.args and "--enable-ft-package" not in lm.args
     assert bridge.args[-8:] == ["++inprocess_restart._target_=megatron.bridge.training.config.InProcessRestartConfig",
                                 "++inprocess_restart.enabled=true", "checkpoint.non_persistent_ckpt_type=local",
                                 "checkpoint.non_persistent_local_ckpt_dir=/local/ckpt",
@@ -107,7 +109,8 @@ def test_script_trainers_get_their_own_flags(tmp_path):
 def test_a_flags_value_is_kept_even_when_the_task_has_the_same_token_elsewhere(tmp_path):
     task = run.Script(path="/opt/megatron-lm/pretrain_gpt.py",
                       args=["--tensor-model-parallel-size", "2", "--replication"])
-    FaultTolerancePlugin(inprocess_restart=True, replication_factor=2, **LOCAL).setup(task, slurm(tmp_path))
+    FaultTolerancePlugin(inprocess_restart=True, replication_factor=2, enable_ft_package=False,
+                         megatron_core_version="0.17.0", **LOCAL).setup(task, slurm(tmp_path))
     assert task.args.count("--replication") == 1  # a lone flag the task has is not repeated
     assert task.args[-2:] == ["--replication-factor", "2"]  # ... but "2" is a value, not a duplicate
 

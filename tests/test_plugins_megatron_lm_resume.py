@@ -161,28 +161,6 @@ def test_an_fsdp_run_passes_through_untouched_and_its_progress_is_read_from_its_
     assert (done.source, done.step) == ("checkpoint", 1000)
 
 
-@pytest.mark.parametrize("installed, warned", [((0, 19, 2), True), ((0, 16, 1), False)])
-def test_inprocess_restart_on_a_megatron_core_that_drops_the_wrappers_handle_is_warned(caplog, monkeypatch, installed,
-                                                                                       warned):
-    """megatron-core 0.19.2's ``pretrain`` annotates ``inprocess_call_wrapper: Optional[Any]``, so nvidia-resiliency-
-    ext's wrapper never passes it its CallWrapper (read in the source; upstream/megatron_lm.py): the plugin says so
-    with the megatron-core it sees where the job is submitted (the installed version is set here, not imported)."""
-    from megatron_resilience.plugins import megatron_lm_flags
-
-    monkeypatch.setattr(megatron_lm_flags, "package_version", lambda name: installed)
-    args, _, messages = configured(OWN, FaultTolerancePlugin(inprocess_restart=True, nvrx_version="0.7"),
-                                   caplog=caplog)
-    assert "--inprocess-restart" in args
-    said = [m for m in messages if "--inprocess-restart with megatron-core" in m]
-    assert said == ([
-        "FaultTolerancePlugin: Megatron-LM --inprocess-restart with megatron-core 0.19.2 installed here: from 0.19 its "
-        "pretrain annotates inprocess_call_wrapper as Optional[Any], so nvidia-resiliency-ext's wrapper never hands "
-        "it its CallWrapper, the restart store is not prefixed per iteration and a second in-process iteration meets "
-        "the first one's keys (read in 0.19.2's source, not run; Megatron-Bridge fixed the same in its own adapter, "
-        "Megatron-Bridge PR #5187); if the cluster runs such a megatron-core, a fault goes on to ft_launcher's "
-        "process restart"] if warned else [])
-
-
 LOCAL_LINE = ("FaultTolerancePlugin: task args -= ['--calc-ft-timeouts'] (with --non-persistent-ckpt-type local): "
               "Megatron-LM learns its checkpointing section timeout from every save, local ones included, so a "
               "persistent save after fast local saves is ended as hung (measured: 0.67 s learned from ~30 ms local "
