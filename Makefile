@@ -67,7 +67,8 @@ test-newest: $(STAMP)
 
 # The third lane: Megatron-LM's own trainer (megatron-core 0.19.2's megatron.training, from the newest lane's
 # environment) under the plugins, through run.Script on the LocalExecutor under ft_launcher 0.7.0: a killed rank,
-# SIGTERM, a Python exception; and on the local Slurm cluster, a SIGTERM'd job requeued and completed once
+# SIGTERM, a Python exception, node-local checkpoints, --inprocess-restart's real failure (why the plugins refuse
+# it); and on the local Slurm cluster, a SIGTERM'd job requeued and completed once, a chaos run
 # (tests/megatron_lm/). A few minutes, most of it imports and first saves; .ci/run runs it
 # after the other two only when the time allows (CI_BUDGET_S there).
 MEGATRON_LM_TESTS ?= tests/megatron_lm

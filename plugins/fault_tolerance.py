@@ -62,7 +62,7 @@ from megatron_resilience.plugins._executor import (
 )
 from megatron_resilience.plugins.executors import executor_profile
 from megatron_resilience.plugins.script_args import FaultTolerancePluginScriptArgs
-from megatron_resilience.plugins.task_check import check_task
+from megatron_resilience.plugins.task_check import INPROCESS_SETUP_PLUGINS, check_task
 from megatron_resilience.plugins.task_settings import remember_finished_evidence, trainer_paths, trainer_target
 from megatron_resilience.upstream import (
     NEMO_RUN_FT_PARAM_FIELDS,
@@ -343,3 +343,6 @@ class FaultTolerancePlugin(run.Plugin):
             raise ConfigError(f"conflicting settings: executor.env_vars[{env!r}]={current!r}, but {NAME} sets it to "
                               f"{value!r}; remove the env var")
         set_env(executor, env, value)
+
+
+INPROCESS_SETUP_PLUGINS.append(FaultTolerancePlugin)  # in-process restart on Slurm needs it in the job (task_check)

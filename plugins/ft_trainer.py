@@ -18,9 +18,10 @@ import logging
 from typing import Any
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.plugins import megatron_lm_flags, partial_trainers
+from megatron_resilience.plugins import megatron_lm_flags
 from megatron_resilience.plugins.script_args import FaultTolerancePluginScriptArgs
 from megatron_resilience.plugins.task_settings import TrainerTarget, append_script_args, warn_unknown_trainer
+from megatron_resilience.tasks import partial_trainers
 
 log = logging.getLogger("megatron_resilience.plugins")
 NAME = "FaultTolerancePlugin"

@@ -48,11 +48,12 @@ from typing import Any
 
 from megatron_resilience.config import ConfigError, InProcessConfig
 from megatron_resilience.config.validate import check_int, fail
-from megatron_resilience.plugins import megatron_lm_flags, partial_trainers
+from megatron_resilience.plugins import megatron_lm_flags
 from megatron_resilience.plugins._executor import set_env
 from megatron_resilience.plugins.script_args import InProcessRestartPluginScriptArgs
 from megatron_resilience.plugins.task_check import task_config
 from megatron_resilience.plugins.task_settings import append_script_args, warn_unknown_trainer
+from megatron_resilience.tasks import partial_trainers
 
 log = logging.getLogger("megatron_resilience.plugins")
 

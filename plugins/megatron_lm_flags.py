@@ -32,7 +32,7 @@ from typing import Any
 
 from megatron_resilience.config import ConfigError
 from megatron_resilience.config.validate import fail
-from megatron_resilience.plugins.trainer_detect import detect_script_trainer, flag_values
+from megatron_resilience.tasks.trainer_detect import detect_script_trainer, flag_values
 from megatron_resilience.upstream.megatron_lm import (
     INPROCESS_ARGS_DESTROYED_FROM,
     INPROCESS_STORE_UNPREFIXED_FROM,

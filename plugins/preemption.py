@@ -44,7 +44,7 @@ from megatron_resilience.config.slurm_time import slurm_time_seconds
 from megatron_resilience.config.training import PREEMPTION_NOTICE_PROVIDERS
 from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.jobs.preemption_margin import preempt_time_warning
-from megatron_resilience.plugins import batch_decision, megatron_lm_flags, partial_trainers
+from megatron_resilience.plugins import batch_decision, megatron_lm_flags
 from megatron_resilience.plugins._executor import (
     check_signal_reaches_trainer,
     claim,
@@ -64,6 +64,7 @@ from megatron_resilience.plugins.task_settings import (
     warn_unknown_trainer,
 )
 from megatron_resilience.records.names import STOP_REASON_FILE
+from megatron_resilience.tasks import partial_trainers
 from megatron_resilience.upstream import TORCHRUN_SHUTDOWN_TIMEOUT_ENV, import_nemo_run
 
 run = import_nemo_run()

@@ -34,8 +34,8 @@ from megatron_resilience.config.validate import check_int, check_positive, fail
 from megatron_resilience.jobs.jobconfig import resolve, watcher_settings
 from megatron_resilience.plugins import batch_decision
 from megatron_resilience.plugins._executor import claim
-from megatron_resilience.plugins._task import our_trainer_editor
 from megatron_resilience.plugins.executors import executor_profile
+from megatron_resilience.tasks.our_trainer import our_trainer_editor
 from megatron_resilience.upstream import import_nemo_run
 
 run = import_nemo_run()

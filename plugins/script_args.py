@@ -123,7 +123,7 @@ def megatron_lm_args(args: ScriptArgs) -> list[str]:
 
 def detect_converter(task: Any) -> tuple[Converter, str] | None:
     """(converter, why) for a ``run.Script`` that runs a Megatron-LM or Megatron-Bridge trainer, else None."""
-    from megatron_resilience.plugins.trainer_detect import detect_script_trainer
+    from megatron_resilience.tasks.trainer_detect import detect_script_trainer
 
     found = detect_script_trainer(task)
     if found is None:

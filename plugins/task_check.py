@@ -129,15 +129,19 @@ def check_executor(executor: Any) -> None:
         log.warning("%s", note)
 
 
+# The plugin classes that set in-process restart up on the executor: ``plugins/fault_tolerance.py`` adds
+# FaultTolerancePlugin when it is imported (a plugin in a job's list was imported), so this module, which the plugin
+# imports, never imports it back.
+INPROCESS_SETUP_PLUGINS: list[type] = []
+
+
 def check_inprocess_setup(config: PretrainConfig, executor: Any, plugins: list[Any]) -> None:
     """In-process restart on Slurm needs ``FaultTolerancePlugin`` among the job's ``plugins`` (why: module doc).
     Any FaultTolerancePlugin sets it up for a task with ``inprocess.enabled`` (its ``inprocess_restart=True``
     sets that key itself). Refused rather than warned: as submitted, it cannot work."""
-    from megatron_resilience.plugins.fault_tolerance import FaultTolerancePlugin
-
     if not config.inprocess.enabled or not isinstance(executor, import_nemo_run().SlurmExecutor):
         return
-    if any(isinstance(p, FaultTolerancePlugin) for p in plugins):
+    if any(isinstance(p, tuple(INPROCESS_SETUP_PLUGINS)) for p in plugins):
         return
     raise ConfigError("inprocess.enabled: true on a SlurmExecutor needs FaultTolerancePlugin(inprocess_restart=True) "
                       "among the job's plugins (without it srun keeps nemo_run's --kill-on-bad-exit=1, which kills the "

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from megatron_resilience.config import ConfigError
-from megatron_resilience.plugins import partial_trainers, trainer_detect
-from megatron_resilience.plugins._task import TaskEditor, describe_task, our_trainer_editor
 from megatron_resilience.plugins.job_plan import plan_of
 from megatron_resilience.plugins.script_args import (
     converter_name,
@@ -36,6 +34,8 @@ from megatron_resilience.plugins.script_args import (
     megatron_lm_args,
 )
 from megatron_resilience.records.names import TRACKER_FILE
+from megatron_resilience.tasks import partial_trainers, trainer_detect
+from megatron_resilience.tasks.our_trainer import TaskEditor, describe_task, our_trainer_editor
 from megatron_resilience.upstream import import_nemo_run
 
 log = logging.getLogger("megatron_resilience.plugins")

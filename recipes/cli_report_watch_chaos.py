@@ -47,7 +47,7 @@ def run_dir_of(run: str) -> str:
     """A run directory as given, or the ``run_dir`` of a NeMo-Run experiment's (first) job."""
     if os.path.isdir(run):
         return run
-    from megatron_resilience.plugins._task import our_trainer_editor
+    from megatron_resilience.tasks.our_trainer import our_trainer_editor
     from megatron_resilience.upstream.nemorun import experiment_tasks
 
     try:

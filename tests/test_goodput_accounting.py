@@ -23,7 +23,8 @@ from resilience_support.goodput_records import (
     write_jsonl,
 )
 
-from megatron_resilience.goodput.accounting import BUCKETS, PRODUCTIVE, AttemptWindow, account
+from megatron_resilience.goodput.accounting import PRODUCTIVE, account
+from megatron_resilience.goodput.buckets import BUCKETS, AttemptWindow
 from megatron_resilience.report import run_report as report
 
 
@@ -309,7 +310,7 @@ def test_the_injected_summary_says_what_each_fault_of_a_kind_was_classified_as_a
     them; and the ones matched to no interruption (when) or not carried out (why)."""
     import time
 
-    from megatron_resilience.goodput.accounting import Accounting, Interruption
+    from megatron_resilience.goodput.buckets import Accounting, Interruption
     from megatron_resilience.report.injected import format_injected, summarize
 
     def inj(t, fault, *expected, **more):

@@ -7,7 +7,8 @@ import pytest
 from resilience_support.goodput_records import HANG_RUN, T0, save, start, steps
 
 from megatron_resilience.goodput import history
-from megatron_resilience.goodput.accounting import AttemptWindow, account
+from megatron_resilience.goodput.accounting import account
+from megatron_resilience.goodput.buckets import AttemptWindow
 from megatron_resilience.goodput.mtbf import MIN_FAILURES, Mtbf, choose
 from megatron_resilience.goodput.optimum import measure
 

@@ -9,7 +9,8 @@ import pytest
 from resilience_support.goodput_records import HANG_RUN, T0, save, start, steps
 
 from megatron_resilience.goodput import daly
-from megatron_resilience.goodput.accounting import AttemptWindow, account
+from megatron_resilience.goodput.accounting import account
+from megatron_resilience.goodput.buckets import AttemptWindow
 
 
 def test_daly_reproduces_his_published_examples():

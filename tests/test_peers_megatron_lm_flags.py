@@ -1,6 +1,6 @@
 """The flags that make the plugins treat a ``run.Script`` as Megatron-LM's are Megatron-LM's own.
 
-``plugins/trainer_detect.py`` gives a script Megatron-LM's flags (``--enable-ft-package``, ...) only when its
+``tasks/trainer_detect.py`` gives a script Megatron-LM's flags (``--enable-ft-package``, ...) only when its
 arguments carry one of ``MEGATRON_LM_FLAGS``, never on its name alone: a flag there that Megatron-LM's parser does
 not know could send Megatron-LM flags to another trainer (Bridge hands them to Hydra: ``OverridesError`` on every
 rank, restart and requeue). Megatron-LM's parser (megatron-core 0.19.2's ``megatron/training/arguments.py``,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import peers
 
-from megatron_resilience.plugins.trainer_detect import BRIDGE_LAUNCHER_FLAGS, BRIDGE_SCRIPT_FLAGS, MEGATRON_LM_FLAGS
+from megatron_resilience.tasks.trainer_detect import BRIDGE_LAUNCHER_FLAGS, BRIDGE_SCRIPT_FLAGS, MEGATRON_LM_FLAGS
 
 
 def test_every_megatron_lm_flag_is_known_to_megatron_lms_parser_and_no_bridge_flag_is():

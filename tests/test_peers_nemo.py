@@ -151,7 +151,7 @@ MERGES = {  # case: (trainer.callbacks before, callbacks merged in, the result a
 
 @pytest.mark.parametrize("case", list(MERGES))
 def test_callbacks_are_merged_exactly_as_nemos_own_function_merges_them(case):
-    from megatron_resilience.plugins import partial_trainers
+    from megatron_resilience.tasks import partial_trainers
 
     before, given, expected = MERGES[case]
     merge = nemos_merge_callbacks()

@@ -26,7 +26,7 @@ from megatron_resilience.upstream import import_nemo_run
 run = import_nemo_run()
 
 from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin  # noqa: E402
-from megatron_resilience.plugins.trainer_detect import detect_script_trainer, script_run_facts  # noqa: E402
+from megatron_resilience.tasks.trainer_detect import detect_script_trainer, script_run_facts  # noqa: E402
 
 LOGGER = "megatron_resilience.plugins"
 BRIDGE_FT = ["++ft._target_=megatron.bridge.training.config.FaultToleranceConfig", "++ft.enable_ft_package=true",

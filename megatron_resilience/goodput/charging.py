@@ -9,12 +9,8 @@ step).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from megatron_resilience.goodput.buckets import Accounting
 from megatron_resilience.goodput.spans import PRODUCTIVE, QUEUE, Span
-
-if TYPE_CHECKING:
-    from megatron_resilience.goodput.accounting import Accounting
 
 
 def charge(acc: Accounting) -> None:

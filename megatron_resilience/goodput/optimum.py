@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from megatron_resilience.goodput import daly
-from megatron_resilience.goodput.accounting import Accounting
+from megatron_resilience.goodput.buckets import Accounting
 from megatron_resilience.goodput.history import (
     between_saves,
     periodic_save_seconds,

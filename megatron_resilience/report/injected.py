@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from megatron_resilience.goodput.accounting import Accounting, AttemptWindow
+from megatron_resilience.goodput.buckets import Accounting, AttemptWindow
 
 
 def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[AttemptWindow]) -> dict[str, Any]:

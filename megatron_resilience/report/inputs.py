@@ -17,7 +17,7 @@ import shutil
 import time
 from typing import Any
 
-from megatron_resilience.goodput.accounting import PLANNED, AttemptWindow
+from megatron_resilience.goodput.buckets import PLANNED, AttemptWindow
 from megatron_resilience.jobs.evidence import read_metrics, read_tail
 from megatron_resilience.jobs.slurm import parse_slurm_time
 from megatron_resilience.records import megatron_log

@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from megatron_resilience.goodput.accounting import BUCKETS, QUEUE, Accounting, AttemptWindow, account
+from megatron_resilience.goodput.accounting import QUEUE, account
+from megatron_resilience.goodput.buckets import BUCKETS, Accounting, AttemptWindow
 from megatron_resilience.goodput.optimum import Optimum, format_optimum, measure
 from megatron_resilience.jobs.evidence import read_json
 from megatron_resilience.records.ledger import LEDGER_FILE, Ledger
