@@ -151,6 +151,8 @@ def apply_task(p: Any, target: Any, executor: Any) -> tuple[InProcessConfig, int
             warn_unknown_trainer(target, NAME, "wrap its training function in nvidia-resiliency-ext's in-process "
                                  "restart wrapper (inprocess_restart) and save node-local checkpoints "
                                  "(local_checkpoint_dir)")
+    elif target.converter is not None:  # the user's own --inprocess-restart: refused where it cannot work either
+        megatron_lm_flags.check_inprocess_restart(target, NAME, p.megatron_core_version, by_plugin=False)
     return InProcessConfig(enabled=p.inprocess_restart), p.replication_factor  # Megatron-LM's/Bridge's defaults
 
 

@@ -148,10 +148,12 @@ def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
-def check_inprocess_restart(target: Any, plugin: str, megatron_core_version: str | None) -> bool:
+def check_inprocess_restart(target: Any, plugin: str, megatron_core_version: str | None, *,
+                            by_plugin: bool = True) -> bool:
     """Refuse (ConfigError) a Megatron-LM task given ``--inprocess-restart`` where no restart iteration can run:
     with ``--enable-ft-package`` (any release), or on a megatron-core from 0.18; warn on 0.17.1, whose iterations
-    share one restart store; returns whether it warned.
+    share one restart store; returns whether it warned. ``by_plugin``: the plugin's ``inprocess_restart`` added the
+    flag; else the user wrote it into the script's arguments (the plugin set nothing up for it).
 
     The release: ``megatron_core_version`` (the cluster's, as the user names it) or else the one installed where
     the job is submitted; with neither known, a warning says what to check (``upstream/megatron_lm.py`` has the
@@ -163,8 +165,11 @@ def check_inprocess_restart(target: Any, plugin: str, megatron_core_version: str
         version, source = parse_version(megatron_core_version), f"{key}={megatron_core_version!r}"
     else:
         version, source = package_version("megatron-core"), "installed where the job is submitted"
-    reasons, ways = [], [f"use ft_launcher's in-job restart instead: {plugin}(inprocess_restart=False) restarts the "
-                         f"worker group, which resumes from --load (local_checkpoint_dir still adds node-local saves)"]
+    field = f"{plugin}.inprocess_restart" if by_plugin else "task: --inprocess-restart in the run.Script's args"
+    instead = (f"use ft_launcher's in-job restart instead: {plugin}(inprocess_restart=False) restarts" if by_plugin
+               else "remove --inprocess-restart from the script's args: ft_launcher's in-job restart then restarts")
+    reasons, ways = [], [f"{instead} the worker group, which resumes from --load (local_checkpoint_dir still adds "
+                         f"node-local saves)"]
     if "--enable-ft-package" in _args(target):
         reasons.append("with --enable-ft-package (enable_ft_package=True) each one fails in Megatron-LM's "
                        "ft_integration.setup with 'AssertionError: rank monitor client is already initialized.': the "
@@ -186,7 +191,7 @@ def check_inprocess_restart(target: Any, plugin: str, megatron_core_version: str
              f"restart store")
     if reasons:
         raise ConfigError(
-            f"{plugin}.inprocess_restart: no in-process restart iteration of Megatron-LM can run here: "
+            f"{field}: no in-process restart iteration of Megatron-LM can run here: "
             + "; and ".join(reasons) + " (a failed iteration is restarted forever: no release passes "
             "--inprocess-max-iterations to the wrapper)" + (f"; also, {store}" if shared else "") + "; "
             + "; ".join(ways))

@@ -160,3 +160,21 @@ def test_megatron_core_version_is_validated_naming_the_key(value, error):
     with pytest.raises(ConfigError) as raised:
         FaultTolerancePlugin(megatron_core_version=value)
     assert str(raised.value) == error
+
+
+def test_the_users_own_inprocess_restart_flag_is_refused_too(caplog):
+    """``--inprocess-restart`` written into the script's arguments, the plugin's field off: the plugin set nothing up
+    for it (srun, the wrapper's environment), and Megatron-LM fails every restart iteration all the same."""
+    caplog.set_level(logging.INFO, LOGGER)
+    task = run.Script(path=SCRIPT, entrypoint="python", args=[*OWN, "--inprocess-restart"])
+    with pytest.raises(ConfigError) as raised:
+        FaultTolerancePlugin(megatron_core_version="0.19.2").setup(task, slurm())
+    assert str(raised.value) == (
+        "task: --inprocess-restart in the run.Script's args: no in-process restart iteration of Megatron-LM can run "
+        "here: " + FT_REASON + "; and " + args_reason("0.19.2", "FaultTolerancePlugin.megatron_core_version='0.19.2'")
+        + FOREVER + f"; also, {STORE}; remove --inprocess-restart from the script's args: ft_launcher's in-job restart "
+        "then restarts the worker group, which resumes from --load (local_checkpoint_dir still adds node-local saves); "
+        "if the cluster's container runs another megatron-core, name it: "
+        "FaultTolerancePlugin(megatron_core_version='0.17.0')")
+    args, messages = setup(FaultTolerancePlugin(megatron_core_version="0.17.0", enable_ft_package=False), caplog)
+    assert "--inprocess-restart" not in args  # nothing checked, nothing said, where the flag is not given

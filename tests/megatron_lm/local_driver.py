@@ -23,6 +23,9 @@ DRIVER = textwrap.dedent("""
 
     if __name__ == "__main__":
         spec = json.loads(sys.argv[1])
+        if spec["without_inprocess_refusal"]:  # what a user would meet without the plugins' refusal (that test's aim)
+            from megatron_resilience.plugins import megatron_lm_flags
+            megatron_lm_flags.check_inprocess_restart = lambda *args, **kwargs: False
         set_nemorun_home(spec["home"])
         task = run.Script(path=spec["script"], entrypoint="python", args=spec["args"])
         plugins = [FaultTolerancePlugin(nvrx_version="0.7", **spec["ft"]), PreemptionPlugin(),
@@ -33,16 +36,17 @@ DRIVER = textwrap.dedent("""
 
 
 def start(root, name: str, script: str, args: list[str], *, env: dict[str, str] | None = None, ft: dict | None = None,
-          new_session: bool = False) -> tuple[subprocess.Popen, object]:
+          new_session: bool = False, without_inprocess_refusal: bool = False) -> tuple[subprocess.Popen, object]:
     """(the driver process, its NEMORUN_HOME) of run ``name`` under ``root`` (a pathlib folder); its output goes to
-    ``<root>/<name>.driver.log``."""
+    ``<root>/<name>.driver.log``. ``without_inprocess_refusal``: the plugins' refusal of Megatron-LM's
+    ``--inprocess-restart`` switched off in the driver, to show what it protects from."""
     home = root / f"{name}_home"
     home.mkdir()
     driver = root / "driver.py"
     if not driver.exists():
         driver.write_text(DRIVER)
     spec = {"home": str(home), "script": script, "args": args, "name": name, "env": {**ENV, **(env or {})},
-            "ft": ft or {}}
+            "ft": ft or {}, "without_inprocess_refusal": without_inprocess_refusal}
     environ = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
                "PYTHONPATH": f"{NEWEST}:{REPO}", "OMP_NUM_THREADS": "1"}
     out = open(root / f"{name}.driver.log", "w")

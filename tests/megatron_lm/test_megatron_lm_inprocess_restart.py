@@ -6,9 +6,10 @@ installed:
 
 * ``FaultTolerancePlugin(inprocess_restart=True)`` on ``pretrain_gpt.py``: refused before anything starts, naming
   the field, the release, the upstream causes and what to use instead (``plugins/megatron_lm_flags.py``);
-* the same trainer given ``--inprocess-restart`` in its own arguments (the plugin's in-process field off, so nothing
-  refuses it), through ``raise_in_process.py``: rank 1 raises inside step 8, after the checkpoint of step 5. The
-  in-process wrapper catches it and restarts ``pretrain`` on both ranks, and every restart iteration fails at once:
+* the same trainer given ``--inprocess-restart`` in its own arguments (refused too: the plugins' refusal is switched
+  off in this test's driver, to show what it protects from), through ``raise_in_process.py``: rank 1 raises inside
+  step 8, after the checkpoint of step 5. The in-process wrapper catches it and restarts ``pretrain`` on both
+  ranks, and every restart iteration fails at once:
   with the FT package the plugin switches on (``--enable-ft-package``), with ``AssertionError('rank monitor client
   is already initialized.')`` (Megatron-LM shuts its FT client down only when ``pretrain`` returns); with
   ``enable_ft_package=False``, with ``AssertionError('args is not initialized.')`` (the finalize destroyed the
@@ -99,7 +100,8 @@ def test_no_restart_iteration_of_megatron_lm_0_19_resumes(tmp_path, ft):
     proc, home = local_driver.start(tmp_path, "inprocess", os.path.join(HERE, "raise_in_process.py"), args,
                                     env={"RAISE_AT_STEP": str(RAISE_AT), "RAISE_RANK": "1", "GLOO_TIMEOUT_S": "10",
                                          "TORCH_CPP_LOG_LEVEL": "error"},
-                                    ft={"num_in_job_restarts": 0, "enable_ft_package": ft}, new_session=True)
+                                    ft={"num_in_job_restarts": 0, "enable_ft_package": ft}, new_session=True,
+                                    without_inprocess_refusal=True)
     fails_with = FAILS_WITH[ft]
     deadline = time.monotonic() + 600
     try:
