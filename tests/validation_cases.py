@@ -112,11 +112,10 @@ TASK_CASES = [
      "got 'fsdp_dtensor'", ALL),
     (["checkpoint.ckpt_format=zip"],
      "checkpoint.ckpt_format: must be one of ['torch_dist', 'fsdp_dtensor'], got 'zip'", ALL),
-    (["parallel.data_parallel_strategy=megatron_fsdp", "parallel.data_parallel_sharding_strategy=optim"],
-     "parallel.data_parallel_strategy: 'megatron_fsdp' is not supported by this package's trainer yet (it runs "
-     "['ddp', 'torch_fsdp2']); use parallel.data_parallel_strategy='torch_fsdp2' (weights, gradients and optimizer "
-     "state sharded) or 'ddp' with parallel.use_distributed_optimizer=true (the optimizer state sharded), "
-     "got 'megatron_fsdp'", ALL),
+    (["parallel.data_parallel_strategy=megatron_fsdp", "parallel.data_parallel_sharding_strategy=optim",
+      "model.precision=bf16"],
+     "model.precision: must be 'fp32' with parallel.data_parallel_strategy='megatron_fsdp': not supported by this "
+     "package's Megatron-FSDP path yet, got 'bf16'", ALL),
     (["data.tokenizer=sentencepiece"], "data.tokenizer: must be one of ['null', 'gpt2'], got 'sentencepiece'", ALL),
     (["data.tokenizer=gpt2"], "data.tokenizer: 'gpt2' needs data.vocab_file and data.merge_file, got 'gpt2'", ALL),
     (["data.split=90,10"],

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import torch
 
 from megatron_resilience import upstream
-from megatron_resilience.checkpointing import readable, reshard
+from megatron_resilience.checkpointing import fsdp_dtensor, readable, reshard
 from megatron_resilience.checkpointing import state_dict as checkpoint_state
 from megatron_resilience.checkpointing.interval import AdaptiveInterval
 from megatron_resilience.config import CheckpointConfig, ConfigError
@@ -244,11 +244,15 @@ class CheckpointManager:
                 layout.remove_stale_tmp(root)
             os.makedirs(save.tmp)
         torch.distributed.barrier()
-        sharded = checkpoint_state.build_sharded_state_dict(state, is_loading=False)
-        request = dist_checkpointing.save(
-            sharded, save.tmp, sharded_strategy=self._save_strategy(), async_sharded_save=save.is_async,
-            content_metadata=checkpoint_state.content_metadata(), **upstream.checkpoint_save_kwargs(),
-        )
+        if fsdp_dtensor.is_fsdp_dtensor(state):  # Megatron-FSDP: sync only (config refuses async_save)
+            fsdp_dtensor.save(state, save.tmp)
+            request = None
+        else:
+            sharded = checkpoint_state.build_sharded_state_dict(state, is_loading=False)
+            request = dist_checkpointing.save(
+                sharded, save.tmp, sharded_strategy=self._save_strategy(), async_sharded_save=save.is_async,
+                content_metadata=checkpoint_state.content_metadata(), **upstream.checkpoint_save_kwargs(),
+            )
         delay = self._simulated_delay(step)
         if request is None:
             time.sleep(delay)
@@ -366,9 +370,12 @@ class CheckpointManager:
         from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
         try:
-            common = dist_checkpointing.load_common_state_dict(path)
+            common = readable.load_common(path)
             if self.resume_check is not None:
                 self.resume_check(common.get(reshard.LAYOUT_KEY), path)
+            if fsdp_dtensor.is_fsdp_dtensor(state):
+                fsdp_dtensor.load(state, path, common)
+                return None, None
             template = checkpoint_state.loading_template(
                 state, dist_checkpointing.load_content_metadata(preloaded_state_dict=common),
                 saved_world_size=int(common.get("world_size", -1)), common=common)

@@ -23,7 +23,6 @@ def why_incomplete(path: str, step: int) -> str | None:
     scheduler, data position), so a truncated or foreign directory is caught
     before any rank starts loading tensors from it.
     """
-    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import maybe_load_config
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
@@ -33,16 +32,35 @@ def why_incomplete(path: str, step: int) -> str | None:
         return f"unreadable metadata.json ({type(err).__name__}: {err})"
     if config is None:
         return "no metadata.json (the save did not finish)"
-    if config.sharded_backend == "torch_dist" and not os.path.exists(os.path.join(path, ".metadata")):
+    has_index = os.path.exists(os.path.join(path, ".metadata"))  # DCP's index: torch_dist and fsdp_dtensor
+    if config.sharded_backend in ("torch_dist", "fsdp_dtensor") and not has_index:
         return "no .metadata index (the save did not finish)"
     try:  # megatron-core >= 0.17 reads it from the torch_dist shards: a damaged one raises CheckpointException
-        common = dist_checkpointing.load_common_state_dict(path)
+        common = load_common(path, config.sharded_backend)
     except (Exception, CheckpointException) as err:  # noqa: BLE001
         return f"unreadable common state ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     saved_step = common.get("step") if isinstance(common, dict) else None
     if saved_step != step:
         return f"holds step {saved_step!r}, expected {step}"
     return None
+
+
+def load_common(path: str, sharded_backend: str | None = None) -> dict:
+    """The common state (step, scheduler, data position, layout) of the checkpoint in ``path``: dist_checkpointing's
+    ``load_common_state_dict`` for torch_dist, ``common.pt`` for fsdp_dtensor (``fsdp_dtensor.py``; megatron-core
+    has no loading strategy named after that backend)."""
+    from megatron.core import dist_checkpointing
+
+    if sharded_backend is None:
+        from megatron.core.dist_checkpointing.core import maybe_load_config
+
+        config = maybe_load_config(path)
+        sharded_backend = None if config is None else config.sharded_backend
+    if sharded_backend == "fsdp_dtensor":
+        import torch
+
+        return torch.load(os.path.join(path, "common.pt"), map_location="cpu", weights_only=True)
+    return dist_checkpointing.load_common_state_dict(path)
 
 
 def complete_checkpoints(root: str) -> list[int]:

@@ -345,6 +345,12 @@ def apply_loaded(state: TrainState, loaded: dict[str, Any], *, live: dict[tuple,
         with torch.no_grad():  # DistributedOptimizer copies into views of fp32 params that require grad
             state.optimizer.load_state_dict(loaded["optimizer"])
         _restore_adam_steps(state.optimizer)
+    apply_counters(state, loaded)
+
+
+def apply_counters(state: TrainState, loaded: dict[str, Any]) -> None:
+    """The scheduler, step, consumed samples, extra and (when saved at this world size) RNG states of a loaded
+    checkpoint; every format's last part of a load."""
     state.scheduler.load_state_dict(loaded["scheduler"])
     state.step = int(loaded["step"])
     state.consumed_samples = int(loaded["consumed_samples"])

@@ -96,6 +96,9 @@ class _InertStream:
     def wait_event(self, *args: Any) -> None:
         pass
 
+    def wait(self, *args: Any) -> None:  # Event.wait (Megatron-FSDP's grad-reduce pipeline)
+        pass
+
     def record_event(self, *args: Any) -> "_InertStream":
         return _InertStream()
 

@@ -139,17 +139,27 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
     # fp16 overflows are the dynamic loss scaler's job (it skips the step and lowers the scale): a NaN/Inf
     # check on the raw gradients would stop the run on the first overflow instead.
     check_grads = config.rerun.check_for_nan_in_loss and m.precision != "fp16"
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
-        check_for_nan_in_grad=check_grads,
-    )
-    if config.parallel.data_parallel_strategy == "torch_fsdp2":
+    strategy = config.parallel.data_parallel_strategy
+    fsdp_fields = {}
+    if strategy == "megatron_fsdp":
+        from megatron_resilience.upstream import megatron_fsdp
+
+        fsdp_fields = megatron_fsdp.ddp_config_fields(config.parallel.sharding_strategy,
+                                                      backend=torch.distributed.get_backend())
+    ddp_config = DistributedDataParallelConfig(**{
+        "grad_reduce_in_fp32": True,
+        "overlap_grad_reduce": False,
+        "use_distributed_optimizer": config.parallel.use_distributed_optimizer,
+        "check_for_nan_in_grad": check_grads,
+        **fsdp_fields,
+    })
+    if strategy == "torch_fsdp2":
         from megatron_resilience.upstream import torch_fsdp2
 
         ddp = torch_fsdp2.wrap(tconfig, ddp_config, module, device_type=dist.device.type)
         torch_fsdp2.install_param_map_fix()
+    elif strategy == "megatron_fsdp":
+        ddp = megatron_fsdp.wrap(tconfig, ddp_config, module, device=dist.device)
     else:
         ddp = DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=module)
     tconfig.finalize_model_grads_func = finalize_model_grads

@@ -34,7 +34,9 @@ def build_optimizer(config: PretrainConfig, model: list[torch.nn.Module]):
         bf16=m.precision == "bf16",
         fp16=m.precision == "fp16",
         params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[m.precision],
-        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        # Megatron-FSDP runs with Megatron's distributed optimizer only (upstream/megatron_fsdp.py)
+        use_distributed_optimizer=(config.parallel.use_distributed_optimizer
+                                   or config.parallel.data_parallel_strategy == "megatron_fsdp"),
         initial_loss_scale=o.initial_loss_scale,  # fp16 only (see OptimizerConfig)
     )
     optimizer = get_megatron_optimizer(mcore, model)

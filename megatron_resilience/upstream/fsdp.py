@@ -8,8 +8,10 @@ Facts measured on CPU with gloo, 2 ranks, a tiny GPT (issue 33):
 
 - megatron-core 0.16.1: Megatron-FSDP at data-parallel size 1 computes wrong gradients (grad norm 2x to 3.14x
   DDP's, losses diverge from step 2); 0.19.2 computes them right. Refused below 0.19 by version.
-- The trainer (``runtime/``) builds Megatron-Core DDP and torch FSDP2 (``upstream/torch_fsdp2.py``); megatron_fsdp
-  is refused with the alternatives named, never accepted and broken.
+- The trainer (``runtime/``) builds Megatron-Core DDP, torch FSDP2 (``upstream/torch_fsdp2.py``) and Megatron-FSDP
+  (``upstream/megatron_fsdp.py``; fsdp_dtensor checkpoints in ``checkpointing/fsdp_dtensor.py``). At DP=2 it trains
+  and resumes exactly on 0.16.1 and 0.19.2 (``tests/test_megatron_fsdp.py``). What its first slice does not run yet
+  (bf16/fp16, TP/PP, async and node-local saves, in-process restart) is refused in ``config/pretrain.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from megatron_resilience.upstream.versions import package_version
 # The first megatron-core whose Megatron-FSDP computes correct gradients at data-parallel size 1.
 MEGATRON_FSDP_DP1_CORRECT_FROM = (0, 19)
 # Strategies this package's trainer runs.
-TRAINER_STRATEGIES = ("ddp", "torch_fsdp2")
+TRAINER_STRATEGIES = ("ddp", "torch_fsdp2", "megatron_fsdp")
 
 _ALTERNATIVE = ("use parallel.data_parallel_strategy='torch_fsdp2' (weights, gradients and optimizer state sharded) "
                 "or 'ddp' with parallel.use_distributed_optimizer=true (the optimizer state sharded)")
