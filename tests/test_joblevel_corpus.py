@@ -29,6 +29,9 @@ PRESETS = ("default", "megatron_transient", "megatron_aggressive", "megatron_con
 
 FINISHED = {"reason": "finished", "step": 100, "exit_code": 0, "finished": True}
 SIGNAL = {"reason": "signal", "step": 31, "exit_code": 0, "finished": False}
+# what the trainer writes the moment a SIGTERM arrives, before its save at the stop finished (rewritten on exit)
+PENDING_SIGNAL = {"reason": "signal", "step": 2516, "exit_code": 0, "finished": False, "checkpoint_step": 2508,
+                  "lost_steps": 8, "checkpoint_at_stop": "pending"}
 
 
 def case(step=None, batch=None, *, exit_code, nodes=("node-01",), stop_reason=None, state=None, flag=False,
@@ -79,6 +82,13 @@ CASES = {
         "preempted_save_cut_short.log", exit_code=1,
         expect={"error_type": "preempted", "source": "log", "signal": "SIGTERM", "fields": {"step": "6"}},
         decisions=("free", "free", "free", "free", "free")),
+    # captured from the long chaos run: rank 1's ECC error, rank 0 exiting for its lost peer, then ft_launcher,
+    # out of restarts, tearing the group down with SIGTERM: rank 0's handler wrote "stopped by the signal" (its
+    # save still pending) before the process was gone. The launcher's signal is no preemption: the error decides.
+    "teardown_signal_after_ecc": case(
+        "teardown_signal_after_ecc.log", exit_code=1, nodes=("node-02",), stop_reason=PENDING_SIGNAL,
+        expect={"error_type": "ecc_error", "source": "log"},
+        decisions=("requeue", "x:node-02", "x:node-02", "x:node-02", "requeue")),
     "rerun_16": case(
         "rerun_16.log", exit_code=16, nodes=("nid004410",), stop_reason={"reason": "rerun:16", "step": 811,
                                                                           "exit_code": 16, "finished": False},

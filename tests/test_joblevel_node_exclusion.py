@@ -127,6 +127,22 @@ def test_hardware_failures_of_in_job_restart_cycles_count_towards_a_node_exclusi
         == [("n2", T0 - 600)]
 
 
+def test_a_preemption_after_in_job_restarts_for_one_nodes_gpu_requeues_without_that_node():
+    """Seen in the long chaos run: three cycles of one attempt ended by the lemon's ECC and Xid errors (ft_launcher
+    restarted them in the allocation), then a maintenance preemption ended the attempt. The requeue spends nothing
+    and still leaves the lemon out; a preemption with one hardware cycle (below ``exclude_nodes_after``) does not,
+    and neither excludes a node no cycle blamed."""
+    lemon = [{"cycle": k, "ended": {"error_type": kind, "hosts": ["n3"], "time": T0 - 600 + k}}
+             for k, kind in enumerate(("ecc_error", "xid_error", "xid_error"))] + [{"cycle": 3}]
+    [d] = chain("megatron_transient", [("preempted", {"nodes": ["n3"], "cycles": lemon, "cluster": view(),
+                                                     **progress(0)})])
+    assert (d.action, d.spent, d.exclude_applied, d.exclude_blamed) == ("requeue", None, ["n3"], ["n3"])
+    once = [lemon[0], {"cycle": 1}]
+    [d] = chain("megatron_transient", [("preempted", {"nodes": ["n3"], "cycles": once, "cluster": view(),
+                                                     **progress(0)})])
+    assert (d.action, d.spent, d.exclude_applied) == ("requeue", None, [])
+
+
 def test_runs_that_share_a_node_history_folder_count_each_others_attributions(tmp_path):
     """Run A meets an Xid on n3 and publishes it; run B's first Xid on n3 is the node's second attribution within
     the lookback, so B excludes it at once. A run never counts its own lines twice; lines older than 14 days and

@@ -30,6 +30,9 @@ MAX_EVIDENCE_LINES = 4
 # The reason ft_launcher's "do not restart" line gives when its progress tracker stopped it (nvidia-resiliency-ext
 # 0.7 ``RDZV_SHUTDOWN_REASON_NO_PROGRESS``); the other reason, an attribution STOP, is "attribution_stop".
 NO_PROGRESS = "no_progress"
+# What a stop on a signal leaves in the log besides a rank's own failure: the signal itself, the kills that follow
+# it, and the peers' symptoms of a rank that went away.
+NOT_A_RANKS_OWN_FAILURE = ("preempted", "killed", "user_cancel", *taxonomy.PEER_SYMPTOMS)
 
 
 @dataclass
@@ -106,6 +109,20 @@ def signal_name(number: int) -> str | None:
         return None
 
 
+def _stop_overtaken_by_a_failure(stop: dict[str, Any], signals: list[Signal]) -> bool:
+    """A stop on a signal that never finished (its save still ``pending``) beside a rank's own failure in the log.
+
+    ft_launcher and torchrun end a worker group after one rank failed by sending SIGTERM to the others: the
+    trainer's handler cannot tell it from a preemption's and writes "stopped by the signal" at once; the process is
+    gone before the save finishes. Seen in the long chaos run (an ECC error in the cycle that used up
+    ``--max-restarts``), read as a free preemption: the node's hardware failure was never counted. A real
+    preemption whose save was cut short leaves no failure of a rank's own (the peers' lost connections and the
+    kills are symptoms) and stays ``preempted``."""
+    if stop.get("checkpoint_at_stop") != "pending":
+        return False
+    return any(s.severity in ("fatal", "error") and s.error_type not in NOT_A_RANKS_OWN_FAILURE for s in signals)
+
+
 def ending_signal(evidence: AttemptEvidence) -> str | None:
     """The signal that ended the attempt: a worker killed by one, or the launcher's exit code 128+N."""
     for s in reversed(evidence.signals):
@@ -162,7 +179,7 @@ def classify(evidence: AttemptEvidence) -> Classification:
         # "stopped on a signal" (exit 0), which is not a preemption.
         return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
                      signals=_of(sigs, state_type), signal=ended_by)
-    if stop and stop.get("exit_code") == 0:
+    if stop and stop.get("exit_code") == 0 and not _stop_overtaken_by_a_failure(stop, sigs):
         return _make("preempted", "stop_reason", f"the trainer stopped with a checkpoint at step {stop.get('step')} "
                      f"({reason})", severity="info", signal=ended_by, fields={"reason": reason,
                                                                               "step": str(stop.get("step"))})

@@ -173,8 +173,10 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     now = time.time() if end is None else end
 
     def free(decision: Decision) -> Decision:
-        """A requeue that spends no budget still drops the attempt's drained nodes and lifts ended exclusions."""
-        _copy(decision, plan([], history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
+        """A requeue that spends no budget still drops the attempt's drained nodes, a node its in-job cycles blamed
+        often enough (a lemon), and lifts ended exclusions."""
+        asked = wanted(policy, False, cls, history, current, cluster, now, shared_blames)
+        _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
         return decision
 
     if kind == "finished" and cls.source == "exit_code" and finished_flag is False:

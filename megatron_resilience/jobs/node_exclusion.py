@@ -138,14 +138,17 @@ def wanted(policy: Any, requeue_excluding: bool, cls: Any, history: list[dict[st
     if requeue_excluding:
         # No host named by the evidence: a one-node attempt's node is the suspect; of many, none is singled out.
         out += blamed_now or (list(attempt_nodes) if len(attempt_nodes) == 1 else [])
-    if policy.exclude_nodes_after > 0 and cls.error_type in taxonomy.HARDWARE_TYPES:
+    if policy.exclude_nodes_after > 0:
         current = {**current, "classification": {"error_type": cls.error_type, "hosts": list(cls.hosts)},
                    "nodes": attempt_nodes, "end": now}  # with its in-job cycles
+        # blamed by this attempt: its ending when that was hardware, and its in-job cycles that ended in a hardware
+        # error (an attempt ended by a preemption may have restarted three times for one lemon's GPU)
+        in_attempt = list(dict.fromkeys(node for node, _ in blames([current], cluster)))
         counts: dict[str, int] = {}
         for node, when in blames(history + [current], cluster) + list(shared_blames):
             if now - (when if when is not None else now) < EXCLUSION_LOOKBACK_S:
                 counts[node] = counts.get(node, 0) + 1
-        repeat = sorted((n for n in blamed_now if counts.get(n, 0) >= policy.exclude_nodes_after),
+        repeat = sorted((n for n in in_attempt if counts.get(n, 0) >= policy.exclude_nodes_after),
                         key=lambda n: -counts[n])
         out = repeat + out
     return list(dict.fromkeys(out))
