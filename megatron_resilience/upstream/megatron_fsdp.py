@@ -18,8 +18,11 @@ Work-arounds, each for a fact measured on CPU with gloo, 2 ranks, a tiny GPT (is
   (``_init_optimizer_states_with_dummy_values`` and torch's Adam skip empty tensors). The optimizer's fsdp_dtensor
   state dict then holds different keys on different ranks, torch distributed checkpoint's per-DTensor collectives
   do not match, and the save hangs. :func:`fill_empty_shard_state` gives every such parameter zero moments and the
-  group's step, and rebuilds ``optimizer.state`` in ``param_groups`` order, so every rank offers the same keys in
-  the same order; save and resume are then exact.
+  step of the rank's other parameters, and rebuilds ``optimizer.state`` in ``param_groups`` order, so every rank
+  offers the same keys in the same order; save and resume are then exact. The step is set again at every save:
+  Adam never steps an empty shard, and DCP writes a replicated (plain tensor) ``step`` from one rank only, so a
+  stale one on the empty rank would come back on the rank that holds the data (measured: a resume from a process's
+  second save diverged at the first step it trained).
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ def _inner_optimizers(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def _local_numel(param: Any) -> int:
+    local = getattr(param, "_local_tensor", None)
+    return (param if local is None else local).numel()
+
+
 def fill_empty_shard_state(optimizer: Any) -> int:
     """Megatron-LM #4910 (module doc): zero Adam state for every parameter without one, then ``state`` rebuilt in
     ``param_groups`` order. Returns how many parameters were filled (0 once every rank has trained a step)."""
@@ -88,16 +96,17 @@ def fill_empty_shard_state(optimizer: Any) -> int:
         inner = dist_opt.optimizer
         if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
             continue
-        steps = [slot["step"] for slot in inner.state.values() if "step" in slot]
+        steps = [slot["step"] for param, slot in inner.state.items() if "step" in slot and _local_numel(param)]
         step = steps[0] if steps else torch.tensor(0.0)
         ordered = {}
         for group in inner.param_groups:
             for param in group["params"]:
                 slot = inner.state.get(param) or {}
                 if "exp_avg" not in slot:
-                    slot = {"step": step.clone() if torch.is_tensor(step) else torch.tensor(float(step)),
-                            "exp_avg": torch.zeros_like(param), "exp_avg_sq": torch.zeros_like(param)}
+                    slot = {"exp_avg": torch.zeros_like(param), "exp_avg_sq": torch.zeros_like(param)}
                     filled += 1
+                if "step" not in slot or not _local_numel(param):  # never stepped here: its step goes stale
+                    slot["step"] = step.clone() if torch.is_tensor(step) else torch.tensor(float(step))
                 ordered[param] = slot
         inner.state.clear()
         inner.state.update(ordered)
