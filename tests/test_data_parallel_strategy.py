@@ -129,3 +129,38 @@ def test_recipe_overrides_reach_the_config(tmp_path):
     assert str(err.value).startswith("parallel.use_distributed_optimizer: must be false with "
                                      "parallel.data_parallel_strategy='torch_fsdp2'")
 
+
+
+NO_SHARD_FAILS = ("parallel.data_parallel_sharding_strategy: 'no_shard' with 'megatron_fsdp' fails at the first "
+                  "optimizer step on megatron-core {}; use 'optim_grads' or 'optim_grads_params', got 'no_shard'")
+OPTIM_WRONG = ("parallel.data_parallel_sharding_strategy: 'optim' with 'megatron_fsdp' computes other gradients than "
+               "DDP (grad norm 0.69 vs 0.86 at step 1) on megatron-core {}; use 'optim_grads' or "
+               "'optim_grads_params', got 'optim'")
+
+
+@pytest.mark.parametrize("version, sharding, expected", [
+    ((0, 16, 1), "no_shard", NO_SHARD_FAILS.format("0.16.1")),
+    ((0, 19, 2), "no_shard", None),
+    ((0, 16, 1), "optim", None),
+    ((0, 19, 2), "optim", OPTIM_WRONG.format("0.19.2")),
+    ((0, 16, 1), "optim_grads", None), ((0, 19, 2), "optim_grads", None),
+    ((0, 16, 1), "optim_grads_params", None), ((0, 19, 2), "optim_grads_params", None),
+    (None, "optim", None),  # no megatron-core here: the trainer checks again
+])
+def test_megatron_fsdp_sharding_strategies_measured_wrong_are_refused_by_version(version, sharding, expected):
+    """Measured at DP=2 against DDP's losses (upstream/fsdp.py's module doc)."""
+    assert strategy_refusal("megatron_fsdp", 2, version, sharding) == expected
+
+
+def test_the_installed_megatron_core_decides_the_sharding_strategy(tmp_path):
+    version = package_version("megatron-core")
+    text = ".".join(map(str, version))
+    for sharding, refused in (("no_shard", version < (0, 19)), ("optim", version >= (0, 19))):
+        task = apply_overrides(gpt_tiny(dir=str(tmp_path)), ["parallel.data_parallel_strategy=megatron_fsdp",
+                                                             f"parallel.data_parallel_sharding_strategy={sharding}"])
+        if not refused:
+            validate(task, num_nodes=1, num_gpus_per_node=2)
+            continue
+        with pytest.raises(ConfigError) as err:
+            validate(task, num_nodes=1, num_gpus_per_node=2)
+        assert str(err.value) == (NO_SHARD_FAILS if sharding == "no_shard" else OPTIM_WRONG).format(text)
