@@ -13,7 +13,9 @@ real ft_launcher (the installed stack; ``make test-newest`` runs it on megatron-
 * ``dp1``: the reference's step-8 checkpoint resumed on 1 rank (DP 2 -> 1, same global batch of 8). megatron-core
   0.19+: the losses stay within ``DP_TOLERANCE`` of the reference's (only the order in which float32 gradients are
   summed differs; 3.6e-8 relative measured on 0.19.2, the bound is torch FSDP2's, ``tests/test_torch_fsdp2.py``).
-  Below 0.19 Megatron-FSDP computes wrong gradients at DP=1: the trainer refuses the run, naming why.
+  Below 0.19 Megatron-FSDP computes wrong gradients at DP=1: the trainer refuses the run, naming why;
+* ``resharded``: the same checkpoint resumed on 2 ranks with ``data_parallel_sharding_strategy=optim_grads``
+  (gradients and optimizer state sharded, weights whole): bitwise the reference's losses.
 
 The tiny GPT's parameters do not split evenly over 2 ranks: Megatron-FSDP leaves some parameters' local shards
 empty on one rank (no Adam state there), the case that hangs the optimizer save upstream (Megatron-LM #4910). The
@@ -45,19 +47,20 @@ SLOW = ["straggler.simulated_straggler_rank=0", "straggler.simulated_straggler_d
 DP1_CORRECT = package_version("megatron-core") >= (0, 19)
 
 
-def _dp1(root, reference):
-    """The reference's step-8 checkpoint, copied (what a next attempt finds), resumed on 1 rank."""
-    start = root / "dp1_start"
+def _from_step8(root, reference, name, ranks, also=()):
+    """The reference's step-8 checkpoint, copied (what a next attempt finds), resumed on ``ranks`` ranks."""
+    start = root / f"{name}_start"
     shutil.copytree(reference.ckpt / "iter_0000008", start / "iter_0000008")
     (start / "latest_checkpointed_iteration.txt").write_text("8")
-    run_dir = root / "dp1"
-    return run_dir, start_torchrun(1, [f"run_dir={run_dir}", f"checkpoint.load={start}",
-                                       f"checkpoint.save={run_dir}/ckpt", *BASE])
+    run_dir = root / name
+    return run_dir, start_torchrun(ranks, [f"run_dir={run_dir}", f"checkpoint.load={start}",
+                                           f"checkpoint.save={run_dir}/ckpt", *BASE, *also])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two launches at a time: reference beside killed; then preempted's first launch beside dp1; then its second."""
+    """Two launches at a time: reference beside killed; preempted's first launch beside dp1; its second beside
+    resharded."""
     root = tmp_path_factory.mktemp("megatron_fsdp")
     killed = launch(root / "killed", BASE + ["ft.simulate_fault=true", "ft.simulated_fault_type=rank_killed",
                                              "ft.simulated_fault_rank=1", "ft.simulated_fault_step=7"],
@@ -65,14 +68,17 @@ def runs(tmp_path_factory):
     reference = run_to_end(root / "reference", BASE, max_restarts=0, timeout=WAIT)
     killed.wait(WAIT)
     first = launch(root / "preempted", BASE + SLOW + ["train.exit_signal_handler=true"], max_restarts=0)
-    dp1_dir, dp1 = _dp1(root, reference)
+    dp1_dir, dp1 = _from_step8(root, reference, "dp1", 1)
     sigterm_ranks_after(first, 6, timeout=WAIT)
     saves = [(r["step"], r["reason"]) for r in first.records() if r["kind"] == "checkpoint"]
     first_log = first.log()
     dp1_proc = dp1.wait(WAIT)
-    second = run_to_end(root / "preempted", BASE + ["train.exit_signal_handler=true"], max_restarts=0,
-                        timeout=WAIT)
+    second = launch(root / "preempted", BASE + ["train.exit_signal_handler=true"], max_restarts=0)
+    resharded_dir, resharded = _from_step8(root, reference, "resharded", 2,
+                                           ["parallel.data_parallel_sharding_strategy=optim_grads"])
+    second.wait(WAIT)
     return {"reference": reference, "killed": killed, "dp1": {"proc": dp1_proc, "run_dir": dp1_dir},
+            "resharded": {"proc": resharded.wait(WAIT), "run_dir": resharded_dir},
             "preempted": {"first_code": first.returncode, "saves": saves, "first_log": first_log, "run": second}}
 
 
@@ -137,3 +143,13 @@ def test_dp2_checkpoint_at_dp1_within_the_bound_or_refused_by_version(runs):
     assert sorted(losses) == list(range(9, 13))
     worst = max(abs(losses[s] - ref[s]) / abs(ref[s]) for s in losses)
     assert worst <= DP_TOLERANCE, {s: (losses[s], ref[s]) for s in losses}
+
+
+def test_another_sharding_strategy_resumes_exact(runs):
+    """optim_grads_params' checkpoint under optim_grads: fsdp_dtensor holds whole-parameter DTensors, resharded on
+    load."""
+    run, ref = runs["resharded"], runs["reference"].losses()
+    assert run["proc"].returncode == 0, run["proc"].stdout[-3000:]
+    losses = {r["step"]: r["loss"] for r in read_metrics(run["run_dir"])}
+    assert sorted(losses) == list(range(9, 13))
+    assert losses == {s: ref[s] for s in losses}
