@@ -96,6 +96,9 @@ def test_trains_sharded_and_saves_fsdp_dtensor_atomically(runs):
     assert (newest / ".metadata").exists()  # torch distributed checkpoint's index
     assert '"data_parallel_strategy": "megatron_fsdp"' in (newest / "model_shape.json").read_text()
     log = ref.log()
+    assert ("model: Megatron-FSDP (sharding optim_grads_params) with Megatron's distributed optimizer "
+            "(parallel.use_distributed_optimizer=false overridden: Megatron-FSDP runs only with it, as Megatron-LM's "
+            "--use-megatron-fsdp forces it)") in log  # the trainer says what it changed
     for step in (4, 8, 12):
         assert f"checkpoint: committed {ref.ckpt}/iter_{step:07d}" in log
 

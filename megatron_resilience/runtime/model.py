@@ -146,6 +146,12 @@ def build_model(config: PretrainConfig, dist: DistInfo) -> list[torch.nn.Module]
 
         fsdp_fields = megatron_fsdp.ddp_config_fields(config.parallel.sharding_strategy,
                                                       backend=torch.distributed.get_backend())
+        if dist.rank == 0:
+            log.info("model: Megatron-FSDP (sharding %s) with Megatron's distributed optimizer%s",
+                     config.parallel.sharding_strategy,
+                     "" if config.parallel.use_distributed_optimizer else
+                     " (parallel.use_distributed_optimizer=false overridden: Megatron-FSDP runs only with it, "
+                     "as Megatron-LM's --use-megatron-fsdp forces it)")
     ddp_config = DistributedDataParallelConfig(**{
         "grad_reduce_in_fp32": True,
         "overlap_grad_reduce": False,
