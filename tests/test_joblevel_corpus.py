@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -29,9 +30,15 @@ PRESETS = ("default", "megatron_transient", "megatron_aggressive", "megatron_con
 
 FINISHED = {"reason": "finished", "step": 100, "exit_code": 0, "finished": True}
 SIGNAL = {"reason": "signal", "step": 31, "exit_code": 0, "finished": False}
-# what the trainer writes the moment a SIGTERM arrives, before its save at the stop finished (rewritten on exit)
-PENDING_SIGNAL = {"reason": "signal", "step": 2516, "exit_code": 0, "finished": False, "checkpoint_step": 2508,
-                  "lost_steps": 8, "checkpoint_at_stop": "pending"}
+
+
+def signal_stop(step: int, checkpoint_step: int, at: str, during: str, checkpoint_at_stop: str) -> dict:
+    """stop_reason.json of a stop on SIGTERM received at ``at`` (the corpus log's local time, ``%Y-%m-%d
+    %H:%M:%S.%f``), as the trainer writes it: at once when the signal arrives, rewritten on exit."""
+    received = time.mktime(time.strptime(at.split(".")[0], "%Y-%m-%d %H:%M:%S")) + float("0." + at.split(".")[1])
+    return {"reason": "signal", "step": step, "exit_code": 0, "finished": False, "checkpoint_step": checkpoint_step,
+            "lost_steps": step - checkpoint_step, "checkpoint_at_stop": checkpoint_at_stop,
+            "signal": {"signal": "SIGTERM", "received_time": received, "received_during": during, "count": 1}}
 
 
 def case(step=None, batch=None, *, exit_code, nodes=("node-01",), stop_reason=None, state=None, flag=False,
@@ -86,9 +93,28 @@ CASES = {
     # out of restarts, tearing the group down with SIGTERM: rank 0's handler wrote "stopped by the signal" (its
     # save still pending) before the process was gone. The launcher's signal is no preemption: the error decides.
     "teardown_signal_after_ecc": case(
-        "teardown_signal_after_ecc.log", exit_code=1, nodes=("node-02",), stop_reason=PENDING_SIGNAL,
+        "teardown_signal_after_ecc.log", exit_code=1, nodes=("node-02",),
+        stop_reason=signal_stop(2516, 2508, "2026-11-29 11:37:47.567", "step", "pending"),
         expect={"error_type": "ecc_error", "source": "log"},
         decisions=("requeue", "x:node-02", "x:node-02", "x:node-02", "requeue")),
+    # the same in a restarted group's setup: rank 0 got the launcher's SIGTERM before training and exited 0
+    "teardown_signal_in_setup_after_ecc": case(
+        "teardown_signal_in_setup_after_ecc.log", exit_code=0, nodes=("node-02",),
+        stop_reason=signal_stop(1999, 1999, "2026-11-29 11:54:22.311", "setup", "not needed"),
+        expect={"error_type": "ecc_error", "source": "log"},
+        decisions=("requeue", "x:node-02", "x:node-02", "x:node-02", "requeue")),
+    # the same lines with the signal received before the launcher saw rank 1 fail: a preemption first
+    "signal_before_the_ecc": case(
+        "teardown_signal_after_ecc.log", exit_code=1, nodes=("node-02",),
+        stop_reason=signal_stop(2516, 2508, "2026-11-29 11:37:47.300", "step", "pending"),
+        expect={"error_type": "preempted", "source": "stop_reason"},
+        decisions=("free", "free", "free", "free", "free")),
+    # a real preemption whose save was cut short: the exception comes after the signal, its consequence
+    "preempted_then_exception_in_the_save": case(
+        "preempted_save_cut_short.log", exit_code=1,
+        stop_reason=signal_stop(6, 0, "2026-11-23 06:30:08.800", "step", "pending"),
+        expect={"error_type": "preempted", "source": "stop_reason"},
+        decisions=("free", "free", "free", "free", "free")),
     "rerun_16": case(
         "rerun_16.log", exit_code=16, nodes=("nid004410",), stop_reason={"reason": "rerun:16", "step": 811,
                                                                           "exit_code": 16, "finished": False},

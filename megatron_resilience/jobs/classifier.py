@@ -24,7 +24,7 @@ from typing import Any
 from megatron_resilience.failures import taxonomy
 from megatron_resilience.jobs import time_order
 from megatron_resilience.jobs.monitors import Signal
-from megatron_resilience.jobs.root_cause import RootCause, first_failure, split_consequences
+from megatron_resilience.jobs.root_cause import FIRST_FAILURE_MONITOR, RootCause, first_failure, split_consequences
 
 MAX_EVIDENCE_LINES = 4
 # The reason ft_launcher's "do not restart" line gives when its progress tracker stopped it (nvidia-resiliency-ext
@@ -109,18 +109,23 @@ def signal_name(number: int) -> str | None:
         return None
 
 
-def _stop_overtaken_by_a_failure(stop: dict[str, Any], signals: list[Signal]) -> bool:
-    """A stop on a signal that never finished (its save still ``pending``) beside a rank's own failure in the log.
+def _signal_sent_after_a_failure(stop: dict[str, Any], signals: list[Signal]) -> bool:
+    """Whether the trainer's stop on a signal was the launcher ending the worker group after a rank failed.
 
-    ft_launcher and torchrun end a worker group after one rank failed by sending SIGTERM to the others: the
-    trainer's handler cannot tell it from a preemption's and writes "stopped by the signal" at once; the process is
-    gone before the save finishes. Seen in the long chaos run (an ECC error in the cycle that used up
-    ``--max-restarts``), read as a free preemption: the node's hardware failure was never counted. A real
-    preemption whose save was cut short leaves no failure of a rank's own (the peers' lost connections and the
-    kills are symptoms) and stays ``preempted``."""
-    if stop.get("checkpoint_at_stop") != "pending":
+    ft_launcher and torchrun stop the other ranks of a group with SIGTERM once one failed; the trainer's handler
+    cannot tell that signal from a preemption's and records "stopped on a signal" (found by the long chaos run: an
+    ECC error in the cycle that used up ``--max-restarts`` read as a free preemption, its node's failure never
+    counted). It was, when the log holds a rank's own failure and that failure, or the launcher's line that a
+    worker failed, is stamped no later than the moment the trainer received the signal (``received_time`` in the
+    record). A failure after the signal — a save cut short, a teardown exception — stays the preemption's
+    consequence."""
+    received = (stop.get("signal") or {}).get("received_time")
+    own = [s for s in signals if s.severity in ("fatal", "error") and s.error_type not in NOT_A_RANKS_OWN_FAILURE]
+    if received is None or not own:
         return False
-    return any(s.severity in ("fatal", "error") and s.error_type not in NOT_A_RANKS_OWN_FAILURE for s in signals)
+    at = time_order.local_stamp(float(received))
+    lines = own + [s for s in signals if s.monitor == FIRST_FAILURE_MONITOR]
+    return any(t is not None and t <= at for t in (time_order.stamp(s.line) for s in lines))
 
 
 def ending_signal(evidence: AttemptEvidence) -> str | None:
@@ -179,7 +184,7 @@ def classify(evidence: AttemptEvidence) -> Classification:
         # "stopped on a signal" (exit 0), which is not a preemption.
         return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
                      signals=_of(sigs, state_type), signal=ended_by)
-    if stop and stop.get("exit_code") == 0 and not _stop_overtaken_by_a_failure(stop, sigs):
+    if stop and stop.get("exit_code") == 0 and not _signal_sent_after_a_failure(stop, sigs):
         return _make("preempted", "stop_reason", f"the trainer stopped with a checkpoint at step {stop.get('step')} "
                      f"({reason})", severity="info", signal=ended_by, fields={"reason": reason,
                                                                               "step": str(stop.get("step"))})

@@ -21,6 +21,7 @@ order of the lines does:
 from __future__ import annotations
 
 import re
+import time
 
 from megatron_resilience.jobs.monitors import Signal
 from megatron_resilience.jobs.root_cause import PEER_SYMPTOMS, rank_of
@@ -45,6 +46,13 @@ def stamp(line: str) -> tuple[int, int, float] | None:
             seconds = int(m["h"]) * 3600 + int(m["mi"]) * 60 + int(m["s"]) + float(f"0.{m['f'] or 0}")
             return month, int(m["d"]), seconds
     return None
+
+
+def local_stamp(epoch: float) -> tuple[int, int, float]:
+    """(month, day, seconds into the day) of ``epoch`` in this machine's local time, as ``stamp`` reads a line that
+    a process on this node logged at that moment."""
+    t = time.localtime(epoch)
+    return t.tm_mon, t.tm_mday, t.tm_hour * 3600 + t.tm_min * 60 + t.tm_sec + epoch % 1
 
 
 def before(a: Signal, b: Signal, position: dict[int, int]) -> bool:
