@@ -41,6 +41,9 @@ INTERVALS = ("young_daly", "short", "long")
 # Every variant: trainer overrides (``{run_dir}`` filled in), FaultTolerancePlugin arguments, and the Slurm layout.
 # Restart counts raised by hand for the short runs (a dense stream in one allocation); --long-form keeps the
 # plugins' shipped counts (RESTART_COUNTS dropped) and relies on the job-level decision's refilled budgets.
+# --long-form's lemon: a 504-GPU B200 report (arXiv 2605.09370) had the top 3 of 63 nodes cause more than half of all
+# exclusions, i.e. a lemon fails about 20 times as often as a healthy node (3w / (3w + 60) >= 1/2 at w = 20).
+LEMON_WEIGHT = 20.0
 RESTART_COUNTS = dict(num_in_job_restarts=30, num_job_retries_on_failure=0)
 BASE_FT = dict(**RESTART_COUNTS, calc_ft_timeouts=False, setup_timeout=600.0,
                step_timeout=20.0, checkpointing_timeout=120.0, out_of_section_timeout=120.0,
@@ -72,7 +75,8 @@ def start_cluster(instance: str | None) -> dict[str, str]:
 
 
 def build(root: str, name: str, *, steps: int, interval: str, optimum_steps: int | None, mtbf: float,
-          variant: dict, shape: list[str], step_delay: float, ranks_per_node: int = 1, shipped_counts: bool = False):
+          variant: dict, shape: list[str], step_delay: float, ranks_per_node: int = 1, shipped_counts: bool = False,
+          policy: str = "megatron_transient"):
     """The task and plugins of one run (a reference: ``VARIANTS["off"]``'s settings at a variant's shape, no chaos)."""
     from megatron_resilience.plugins import FaultTolerancePlugin, PreemptionPlugin, RestartPolicyPlugin
     from megatron_resilience.recipes import apply_overrides, gpt_tiny
@@ -93,7 +97,7 @@ def build(root: str, name: str, *, steps: int, interval: str, optimum_steps: int
     task = apply_overrides(task, overrides)
     ft = {k: v for k, v in BASE_FT.items() if not (shipped_counts and k in RESTART_COUNTS)}
     plugins = [FaultTolerancePlugin(**ft, **variant["ft"]), PreemptionPlugin(preempt_time=60),
-               RestartPolicyPlugin(policy="megatron_transient")]
+               RestartPolicyPlugin(policy=policy)]
     return task, plugins, overrides
 
 
@@ -111,6 +115,31 @@ def submit(name: str, task, plugins, cluster: dict[str, str], *, partition: str,
         exp.add(task, executor=executor, plugins=list(plugins), name=name)
         exp.run(detach=True)
     return exp.jobs[0].handle.rstrip("/").rsplit("/", 1)[-1]
+
+
+def compressed_policy(args) -> str:
+    """megatron_transient with its node-attribution window compressed as the stream compresses time
+    (``chaos_lookback.py``); the window is printed."""
+    from chaos_lookback import compressed_window_s, write_policy
+
+    from megatron_resilience.chaos.cli import lemons
+    from megatron_resilience.chaos.faults import fault
+    from megatron_resilience.chaos.mix import load_mix
+
+    shares = load_mix(args.mix).weights_by_fault()
+    window = compressed_window_s(mtbf_s=args.mtbf, hardware_share=sum(v for k, v in shares.items()
+                                                                       if fault(k).hardware),
+                                 pool=len(args.pool), lemon_weight=max(lemons(args.lemon).values()))
+    path = write_policy(args.out, "megatron_transient", window)
+    print(f"long form: megatron_transient with exclude_nodes_within_days = {window:.0f} s ({path})", flush=True)
+    return path
+
+
+def partition_nodes(cluster: dict[str, str], partition: str) -> list[str]:
+    env = {**os.environ, "SLURM_CONF": cluster["slurm_conf"]}
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return sorted(set(out))
 
 
 def slurm_state(job: str, conf: str) -> str:
@@ -200,7 +229,8 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
         task, plugins, overrides = build(args.out, name, steps=args.steps, interval=interval,
                                          optimum_steps=optimum_steps, mtbf=args.mtbf, variant=variant,
                                          shape=args.shape, step_delay=args.step_delay,
-                                         ranks_per_node=args.ranks_per_node, shipped_counts=args.long_form)
+                                         ranks_per_node=args.ranks_per_node, shipped_counts=args.long_form,
+                                         policy=args.policy)
     except (TypeError, ValueError) as err:  # a setting of a feature this checkout does not have
         return {"name": name, "variant": variant_name, "interval": interval, "unavailable": str(err)}
     run_dir = task.run_dir
@@ -210,7 +240,8 @@ def one_run(args, name: str, variant_name: str, interval: str, optimum_steps: in
                  minutes=args.job_minutes, ranks_per_node=args.ranks_per_node)
     print(f"[{name}] job {job}: {' '.join(overrides)}", flush=True)
     os.makedirs(run_dir, exist_ok=True)
-    wall = watch_with_chaos(run_dir, job, env, args, name, extra=[f"--lemon={x}" for x in args.lemon])
+    extra = [f"--lemon={x}" for x in args.lemon] + ([f"--pool={','.join(args.pool)}"] if args.pool else [])
+    wall = watch_with_chaos(run_dir, job, env, args, name, extra=extra)
     os.environ["SLURM_CONF"] = cluster["slurm_conf"]
     report = build_report(run_dir)
     text = format_report(report, evidence=False)
@@ -254,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--lemon", action="append", default=[], metavar="NODE=WEIGHT",
                    help="a node faults pick WEIGHT times as often (chaos --lemon); --long-form: the fault partition's "
-                        "first node, weight 4, unless given")
+                        "first node, weight 20, unless given, hardware faults striking any node of the partition "
+                        "(chaos --pool)")
     p.add_argument("--long-form", action="store_true", help=(
         "the acceptance of weeks-long runs (issue 34): the plugins' shipped restart counts (no hand-raised "
         "num_in_job_restarts), RestartPolicyPlugin(policy='megatron_transient'), at least 40 faults on the "
@@ -269,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     # sbatch exports this environment to the jobs: their python, ft_launcher and torchrun are this checkout's
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     clusters = {"multinode": start_cluster("multinode"), "default": start_cluster(None)}
-    if args.long_form and not args.lemon:  # the node a job of the fault partition starts on (lowest Weight)
-        args.lemon = [f"{clusters['multinode']['fault_nodes'].split(',')[0]}=4"]
+    args.pool, args.policy = [], "megatron_transient"
+    if args.long_form:  # every node of the fault partition fails on its own; the lemon is where a job starts
+        args.pool = partition_nodes(clusters["multinode"], VARIANTS["off"]["partition"])
+        args.lemon = args.lemon or [f"{clusters['multinode']['fault_nodes'].split(',')[0]}={LEMON_WEIGHT:g}"]
+        args.policy = compressed_policy(args)
 
     # the uninterrupted references, on the default cluster, beside the chaos runs: one per data-parallel size the
     # variants start at (a variant on 2 nodes trains at DP 2, whose gradients are summed in another order than at

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from joblevel_chain import chain, cls
 
 from megatron_resilience.jobs import shared_node_history, slurm
@@ -240,3 +241,36 @@ def test_a_requeue_that_spends_nothing_still_lifts_a_drain_and_a_resized_job_gro
     assert requeue_size.plan(cfg, {"nodes": ["n1"], "end": T0 + 3600}, still[1],
                            [{"nodes": ["n1", "n2"], "end": T0, "decision": still[0].to_dict()}], partition="p",
                            states={**states, "n2": "down"}) is None
+
+
+def test_the_policys_lookback_decides_which_attributions_count_and_how_long_an_exclusion_stands(tmp_path):
+    """``exclude_nodes_within_days`` (default 14, nvidia-resiliency-ext's lookback): megatron_transient with half a
+    day. Two NCCL errors that blame n2 13 hours apart are not a repeat; two within an hour are, and n2 is excluded;
+    half a day after the last decision that asked for it, the exclusion ends (lifted, saying why). A value that is
+    not a positive number of days names the key."""
+    import yaml
+
+    from megatron_resilience.config.validate import ConfigError
+    from megatron_resilience.jobs.policies import PRESET_DIR, load_policy
+
+    with open(os.path.join(PRESET_DIR, "megatron_transient.yaml")) as f:
+        data = yaml.safe_load(f)
+    assert load_policy("megatron_transient").exclude_nodes_within_days == 14.0
+    path = tmp_path / "half_day.yaml"
+    path.write_text(yaml.safe_dump({**data, "name": "half_day", "exclude_nodes_within_days": 0.5}))
+    hour = 3600.0
+    at = [0.0, 13 * hour, 13.5 * hour, 26 * hour]
+    endings = [("nccl_error", {"hosts": ["n2"], "nodes": ["n2"], "cluster": view(), "end": T0 + t,
+                              "resumed_from": k * 100, "checkpoint_step": (k + 1) * 100})
+               for k, t in enumerate(at[:3])]
+    endings.append(("hang", {"nodes": ["n1"], "cluster": view(), "end": T0 + at[3], "resumed_from": 300,
+                             "checkpoint_step": 400}))
+    decisions = chain(str(path), endings)
+    assert [d.exclude_applied for d in decisions] == [[], [], ["n2"], []]
+    assert decisions[3].exclude_lifted == ["n2"]
+    assert decisions[3].exclude_lifted_why == {"n2": "asked for last more than 0.5 days ago"}
+    for bad in (0, -1, "14d", True):
+        path.write_text(yaml.safe_dump({**data, "name": "bad", "exclude_nodes_within_days": bad}))
+        with pytest.raises(ConfigError, match=r"exclude_nodes_within_days: must be a number of days > 0 "
+                                              r"\(e\.g\. 14, or 0\.5 for 12 hours\), got "):
+            load_policy(str(path))

@@ -60,6 +60,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lemon", action="append", default=[], metavar="NODE=WEIGHT",
                    help="a node that fails more often: a fault that picks a node picks NODE WEIGHT times as often as "
                         "any other (repeatable; e.g. --lemon mn2=5)")
+    p.add_argument("--pool", type=lambda text: [n for n in text.split(",") if n], default=[], metavar="NODE,NODE",
+                   help="the partition's nodes, each failing on its own: a hardware fault strikes one of them (a "
+                        "--lemon more often), and costs the job nothing when the job does not run there (default: "
+                        "one of the job's nodes)")
     p.add_argument("--plan", action="store_true", help="print the stream the seed gives and exit (touches nothing)")
     return p
 
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         mix = load_mix(args.mix)
         cfg = ChaosConfig(run_dir=args.run_dir, mtbf=args.mtbf, clock=args.clock, mix=args.mix, seed=args.seed,
                           max_count=args.max_count, max_time=args.max_time, repair=args.repair, job_id=args.job_id,
-                          rank=args.rank, lemons=lemons(args.lemon))
+                          rank=args.rank, lemons=lemons(args.lemon), pool=args.pool)
     except (ConfigError, ValueError) as err:
         print(f"megatron_resilience chaos: {err}", file=sys.stderr)
         return 2

@@ -55,6 +55,11 @@ class ChaosConfig:
     # node -> weight of a node that fails more often than the others (a lemon): a fault that picks a node picks
     # it ``weight`` times as often as a node not named here (weight 1)
     lemons: dict[str, float] = field(default_factory=dict)
+    # The partition's nodes, each a machine with failures of its own: a hardware fault (a GPU's Xid or ECC error, a
+    # node lost) strikes one of them (a lemon ``weight`` times as often); one that strikes a node outside the job
+    # costs the job nothing and is recorded so (not done, not tried again). Empty: it strikes one of the job's
+    # nodes, whatever the job runs on (a one-node job then meets every hardware fault, the lemon's weight unused).
+    pool: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("mtbf", "max_time", "repair", "poll", "recover_timeout"):
@@ -70,8 +75,16 @@ class ChaosConfig:
                     or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
                 raise ValueError(f"chaos --lemon: must be NODE=WEIGHT with a node name and a finite weight > 0, "
                                  f"got {node!r}={weight!r}")
+        if any(not isinstance(n, str) or not n for n in self.pool) or len(set(self.pool)) != len(self.pool):
+            raise ValueError(f"chaos --pool: must be distinct node names, got {self.pool!r}")
         if not os.path.isdir(self.run_dir):
             raise ValueError(f"chaos RUN_DIR: no such run directory {self.run_dir!r}")
+
+
+def strike(hardware: bool, nodes: list[str], seed: int, cfg: ChaosConfig) -> str:
+    """The node a fault lands on: a hardware fault on one of the pool's machines when there is a pool (maybe one
+    the job does not run on), anything else on one of the job's ``nodes``."""
+    return pick_node(cfg.pool if hardware and cfg.pool else nodes, seed, cfg.lemons)
 
 
 def pick_node(nodes: list[str], seed: int, lemons: dict[str, float]) -> str:
@@ -293,8 +306,10 @@ class Chaos:
                                   "seed": item.seed}
         if state != "RUNNING" or not nodes:
             record.update(ok=False, time=time.time(), why=f"job {job} is {state}, not running")
+        elif (node := strike(spec.hardware, nodes, item.seed, self.cfg)) not in nodes:
+            record.update(ok=False, time=time.time(), node=node, outside_job=True,
+                          why=f"struck {node}, a node outside job {job}: its hardware fault costs the job nothing")
         else:
-            node = pick_node(nodes, item.seed, self.cfg.lemons)
             record.update(actions.inject(spec, job=job, restart=restart, nodes=nodes, node=node, seed=item.seed,
                                          run_dir=self.cfg.run_dir, rank=self.cfg.rank))
             if spec.where == "node" and record.get("ok"):

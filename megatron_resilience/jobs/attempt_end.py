@@ -24,6 +24,7 @@ from megatron_resilience.jobs import evidence as ev
 from megatron_resilience.jobs.classifier import AttemptEvidence, Classification, classify
 from megatron_resilience.jobs.decision import Cluster, Decision, decide, decide_like_nemo_run, decide_monitor_only
 from megatron_resilience.jobs.jobconfig import JobLevelConfig
+from megatron_resilience.jobs.node_exclusion import lookback_of
 from megatron_resilience.records import megatron_log
 from megatron_resilience.records.ledger import Ledger
 
@@ -171,7 +172,8 @@ def shared_blames(cfg: JobLevelConfig, record: dict[str, Any]) -> list[tuple[str
     """Other runs' hardware attributions from the shared node-history folder (none without one)."""
     if not cfg.node_history_dir:
         return []
-    return shared_node_history.others(cfg.node_history_dir, cfg.ledger, record.get("end") or time.time())
+    return shared_node_history.others(cfg.node_history_dir, cfg.ledger, record.get("end") or time.time(),
+                                      lookback_s=lookback_of(cfg.load_policy()))
 
 
 def share(cfg: JobLevelConfig, record: dict[str, Any], cluster: Cluster) -> None:

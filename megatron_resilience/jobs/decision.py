@@ -23,6 +23,7 @@ from megatron_resilience.jobs.node_exclusion import (
     LIFTED_EXPIRED,
     Cluster,
     Exclusion,
+    lookback_of,
     plan,
     wanted,
 )
@@ -176,7 +177,8 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
         """A requeue that spends no budget still drops the attempt's drained nodes, a node its in-job cycles blamed
         often enough (a lemon), and lifts ended exclusions."""
         asked = wanted(policy, False, cls, history, current, cluster, now, shared_blames)
-        _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
+        _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now,
+                             lookback_s=lookback_of(policy)))
         return decision
 
     if kind == "finished" and cls.source == "exit_code" and finished_flag is False:
@@ -221,7 +223,8 @@ def decide(cls: Classification, policy: Policy, history: list[dict[str, Any]], c
     decision = Decision("requeue", f"{kind}: {why}", spent=mode, budget_left=left, attempts_without_progress=stuck,
                         **basis)
     asked = wanted(policy, action == "requeue_excluding_nodes", cls, history, current, cluster, now, shared_blames)
-    _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now))
+    _copy(decision, plan(asked, history, nodes, cluster, min_nodes=current.get("min_nodes"), now=now,
+                         lookback_s=lookback_of(policy)))
     return decision
 
 

@@ -36,6 +36,17 @@ EXCLUSION_LOOKBACK_S = 14 * 24 * 3600
 NEW_PER_DECISION = 1
 NOT_LISTED = "not listed"
 LIFTED_EXPIRED = f"asked for last more than {EXCLUSION_LOOKBACK_S // 86400} days ago"
+
+
+def expired(lookback_s: float) -> str:
+    """Why an exclusion ended: the policy's lookback passed (``exclude_nodes_within_days``)."""
+    return LIFTED_EXPIRED if lookback_s == EXCLUSION_LOOKBACK_S else \
+        f"asked for last more than {lookback_s / 86400:g} days ago"
+
+
+def lookback_of(policy: Any) -> float:
+    """The policy's attribution lookback in seconds (no policy: nvidia-resiliency-ext's 14 days)."""
+    return float(getattr(policy, "exclude_nodes_within_s", EXCLUSION_LOOKBACK_S))
 LIFTED_USABLE = "the scheduler shows it usable again"
 
 
@@ -92,8 +103,8 @@ def blames(history: list[dict[str, Any]], cluster: Cluster) -> list[tuple[str, f
     return out
 
 
-def standing(history: list[dict[str, Any]], now: float, cluster: Cluster | None = None) \
-        -> tuple[list[str], dict[str, str]]:
+def standing(history: list[dict[str, Any]], now: float, cluster: Cluster | None = None,
+             lookback_s: float = EXCLUSION_LOOKBACK_S) -> tuple[list[str], dict[str, str]]:
     """(nodes still excluded, node -> why its exclusion ended). An exclusion asked for on attributions stands until
     ``EXCLUSION_LOOKBACK_S`` after the last decision that asked for it; one asked for only because ``sinfo`` showed
     the node unusable stands until ``cluster`` (a later ``sinfo``) shows it usable; a decision that lifted a node
@@ -109,8 +120,8 @@ def standing(history: list[dict[str, Any]], now: float, cluster: Cluster | None 
         for node in d.get("exclude_lifted") or []:
             asked.pop(node, None)
     usable = set(cluster.nodes) - set(cluster.unusable) if cluster is not None and not cluster.unread else set()
-    ended = {n: (LIFTED_USABLE if by_scheduler and n in usable else LIFTED_EXPIRED) for n, (t, by_scheduler)
-             in asked.items() if now - t >= EXCLUSION_LOOKBACK_S or (by_scheduler and n in usable)}
+    ended = {n: (LIFTED_USABLE if by_scheduler and n in usable else expired(lookback_s)) for n, (t, by_scheduler)
+             in asked.items() if now - t >= lookback_s or (by_scheduler and n in usable)}
     return [n for n in asked if n not in ended], ended
 
 
@@ -146,7 +157,7 @@ def wanted(policy: Any, requeue_excluding: bool, cls: Any, history: list[dict[st
         in_attempt = list(dict.fromkeys(node for node, _ in blames([current], cluster)))
         counts: dict[str, int] = {}
         for node, when in blames(history + [current], cluster) + list(shared_blames):
-            if now - (when if when is not None else now) < EXCLUSION_LOOKBACK_S:
+            if now - (when if when is not None else now) < lookback_of(policy):
                 counts[node] = counts.get(node, 0) + 1
         repeat = sorted((n for n in in_attempt if counts.get(n, 0) >= policy.exclude_nodes_after),
                         key=lambda n: -counts[n])
@@ -155,10 +166,10 @@ def wanted(policy: Any, requeue_excluding: bool, cls: Any, history: list[dict[st
 
 
 def plan(wanted_nodes: list[str], history: list[dict[str, Any]], attempt_nodes: list[str], cluster: Cluster, *,
-         min_nodes: int | None, now: float) -> Exclusion:
+         min_nodes: int | None, now: float, lookback_s: float = EXCLUSION_LOOKBACK_S) -> Exclusion:
     """The exclusion a requeue applies: the standing list, at most ``NEW_PER_DECISION`` new blamed node(s), the
     attempt's nodes the scheduler keeps from work, within what leaves the job enough usable nodes."""
-    already, ended = standing(history, now, cluster)
+    already, ended = standing(history, now, cluster, lookback_s)
     out = Exclusion(scheduler_unread=(f"sinfo could not be read ({cluster.unread}): nodes the scheduler drains were "
                                       "not checked") if cluster.unread else None)
     new = [n for n in wanted_nodes if n not in already]

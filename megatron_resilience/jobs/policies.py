@@ -8,6 +8,7 @@ A policy file (YAML; the presets in ``presets/policies/`` are documented example
     max_restarts: {crash: 3, stall: 2, timeout: 1}   # job-level restarts per mode, over the whole chain
     max_attempts_without_progress: 3   # failed attempts in a row that did not advance the checkpoint
     exclude_nodes_after: 2             # a host named by hardware errors in this many attempts is excluded
+    exclude_nodes_within_days: 14      # ... counting the attributions of this many days; an exclusion lasts as long
     exclude_error_types: [cuda_oom]    # never restarted, whatever the rules say
     default_action: stop               # for error types no rule matches: requeue | stop
     rules:                             # first match wins; every key given must match (lists are "any of")
@@ -39,7 +40,7 @@ from megatron_resilience.jobs.monitors import read_raw, read_yaml, resolve_path,
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "policies")
 FILE_KEYS = ("name", "description", "monitors", "max_restarts", "max_attempts_without_progress",
-             "exclude_nodes_after", "exclude_error_types", "default_action", "rules")
+             "exclude_nodes_after", "exclude_nodes_within_days", "exclude_error_types", "default_action", "rules")
 RULE_KEYS = ("match", "action")
 MATCH_KEYS = ("error_type", "subsystem", "signal", "mode", "monitor")
 ACTIONS = ("requeue", "requeue_excluding_nodes", "stop")
@@ -76,6 +77,7 @@ class Policy:
     max_restarts: dict[str, int] = field(default_factory=lambda: {"crash": 0, "stall": 0, "timeout": 0})
     max_attempts_without_progress: int = 3
     exclude_nodes_after: int = 0
+    exclude_nodes_within_days: float = 14.0  # nvidia-resiliency-ext's node attribution lookback (14 days)
     exclude_error_types: tuple[str, ...] = ()
     default_action: str = "stop"
     rules: tuple[Rule, ...] = ()
@@ -98,8 +100,14 @@ class Policy:
                 "max_restarts": dict(self.max_restarts),
                 "max_attempts_without_progress": self.max_attempts_without_progress,
                 "exclude_nodes_after": self.exclude_nodes_after,
+                "exclude_nodes_within_days": self.exclude_nodes_within_days,
                 "exclude_error_types": list(self.exclude_error_types), "default_action": self.default_action,
                 "rules": [r.to_dict() for r in self.rules]}
+
+
+    @property
+    def exclude_nodes_within_s(self) -> float:
+        return self.exclude_nodes_within_days * 86400.0
 
 
 def preset_names() -> list[str]:
@@ -132,6 +140,13 @@ def _count(source: str, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{source}: {key}: must be an integer >= 0, got {value!r}")
     return value
+
+
+def _days(source: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{source}: {key}: must be a number of days > 0 (e.g. 14, or 0.5 for 12 hours), "
+                          f"got {value!r}")
+    return float(value)
 
 
 def policy_from_dict(data: dict[str, Any], *, source: str, notes: tuple[str, ...] = ()) -> Policy:
@@ -173,6 +188,8 @@ def policy_from_dict(data: dict[str, Any], *, source: str, notes: tuple[str, ...
         max_attempts_without_progress=_count(source, "max_attempts_without_progress",
                                              data.get("max_attempts_without_progress", 3)),
         exclude_nodes_after=_count(source, "exclude_nodes_after", data.get("exclude_nodes_after", 0)),
+        exclude_nodes_within_days=_days(source, "exclude_nodes_within_days",
+                                        data.get("exclude_nodes_within_days", 14.0)),
         exclude_error_types=excluded, default_action=default_action, rules=rules, source=source)
     warnings = policy_checks.check(policy)  # raises on a rule that can never fire or requeue; warns on a part
     return replace(policy, notes=tuple(dict.fromkeys(said)), warnings=tuple(warnings))

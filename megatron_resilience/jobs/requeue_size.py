@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from megatron_resilience.jobs import slurm
-from megatron_resilience.jobs.node_exclusion import standing
+from megatron_resilience.jobs.node_exclusion import lookback_of, standing
 
 FREE_STATES = ("idle", "mixed")
 
@@ -46,7 +46,9 @@ def plan(cfg: Any, record: dict[str, Any], decision: Any, history: list[dict[str
     if decision.exclude_applied or decision.exclude_lifted:  # this decision rewrote the job's ExcNodeList
         excluded = set(decision.exclude_applied)
     else:  # the list as the earlier decisions left it (lifted and expired exclusions are gone)
-        excluded = set(standing(history, record.get("end") or time.time())[0])
+        load = getattr(cfg, "load_policy", None)
+        excluded = set(standing(history, record.get("end") or time.time(),
+                                lookback_s=lookback_of(load() if load else None))[0])
     if states is None:
         states = slurm.partition_node_states(partition)
     free = {n for n, s in states.items() if slurm.split_state(s)[0] in FREE_STATES and slurm.usable_now(s)}

@@ -42,11 +42,12 @@ def publish(folder: str, run: str, attempt: dict[str, Any], cluster: Cluster) ->
     return None
 
 
-def others(folder: str, run: str, now: float) -> list[tuple[str, float | None]]:
-    """(node, time) of the other runs' attributions within ``EXCLUSION_LOOKBACK_S`` of ``now``."""
+def others(folder: str, run: str, now: float, lookback_s: float = EXCLUSION_LOOKBACK_S) \
+        -> list[tuple[str, float | None]]:
+    """(node, time) of the other runs' attributions within ``lookback_s`` (the policy's) of ``now``."""
     try:
         records = Ledger(path(folder)).records("node_blame")
     except OSError:
         return []
     return [(str(r["node"]), r.get("end")) for r in records
-            if r.get("run") != run and r.get("node") and now - (r.get("end") or now) < EXCLUSION_LOOKBACK_S]
+            if r.get("run") != run and r.get("node") and now - (r.get("end") or now) < lookback_s]
