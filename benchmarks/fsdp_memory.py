@@ -1,7 +1,8 @@
 """What sharding buys: peak memory per rank and step time for each data-parallel strategy, at one shape.
 
-    python benchmarks/fsdp_memory.py [--ranks 2] [--steps 10] [--strategies ddp,ddp_distopt,torch_fsdp2]
-                                     [--device cpu|cuda] [--json PATH]
+    python benchmarks/fsdp_memory.py [--ranks 2] [--steps 10]
+        [--strategies ddp,ddp_distopt,torch_fsdp2,megatron_fsdp,megatron_fsdp_optim_grads] [--device cpu|cuda]
+        [--json PATH]
 
 Each strategy is the real trainer under torchrun on ``--ranks`` ranks (CPU and gloo here; on a lent GPU the same
 command measures CUDA memory), the same GPT (4 layers, hidden 512, vocab 32768, untied embeddings, fp32: 46 M
@@ -9,9 +10,12 @@ parameters, so the weights, gradients and Adam state, 16 bytes a parameter, are 
 batch. Per rank it reports the bytes of the tensors alive after the third optimizer step (weights, gradients,
 optimizer state, communication buffers: what a strategy shards; the activations are freed by then), the process's
 peak (CPU: resident memory, ``ru_maxrss``, which also counts Python, torch, the allocator's cache and the whole
-model as built before FSDP2 shards it; GPU: the device's peak allocation), the submit-time estimate of the state
-(``config/memory.py``) and the median step time. ``megatron_fsdp`` is
-listed as refused while the trainer does not run it.
+model as built before FSDP shards it; GPU: the device's peak allocation), the submit-time estimate of the state
+(``config/memory.py``) and the median step time. ``megatron_fsdp`` is Megatron-FSDP with its default sharding
+strategy (``optim_grads_params``), ``megatron_fsdp_optim_grads`` the one that keeps the weights whole; the trainer
+runs Megatron-FSDP in fp32 with synchronous saves only so far, and its rows say so (this shape is fp32 and saves
+nothing). The state estimate leaves out what FSDP gathers whole while it computes (``MemoryEstimate.gathered``).
+A strategy the trainer or the installed megatron-core refuses gets the refusal as its note.
 
 Each rank runs this file (``--as-rank OUT``): it trains through ``python -m megatron_resilience``'s ``main`` and
 then writes its peak to ``OUT.<rank>``.
@@ -40,7 +44,12 @@ STRATEGIES = {
     "ddp": ["parallel.data_parallel_strategy=ddp"],
     "ddp_distopt": ["parallel.data_parallel_strategy=ddp", "parallel.use_distributed_optimizer=true"],
     "torch_fsdp2": ["parallel.data_parallel_strategy=torch_fsdp2"],
-    "megatron_fsdp": ["parallel.data_parallel_strategy=megatron_fsdp"],
+    # what the trainer's Megatron-FSDP path runs so far: fp32, synchronous saves
+    "megatron_fsdp": ["parallel.data_parallel_strategy=megatron_fsdp", "model.precision=fp32",
+                      "checkpoint.async_save=false"],
+    "megatron_fsdp_optim_grads": ["parallel.data_parallel_strategy=megatron_fsdp", "model.precision=fp32",
+                                  "checkpoint.async_save=false",
+                                  "parallel.data_parallel_sharding_strategy=optim_grads"],
 }
 
 
@@ -115,6 +124,7 @@ def _measure(name: str, ranks: int, steps: int, root: Path, device: str = "cpu")
     peaks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(ranks)]
     row["peak_gib"] = [round(p["peak"] / 2**30, 3) for p in peaks]
     row["live_tensors_gib"] = [round(p["live"] / 2**30, 3) for p in peaks]
+    row["live_tensors_bytes"], row["state_estimate_bytes"] = [p["live"] for p in peaks], estimate_bytes
     times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if '"kind": "train"' in line][1:]  # the first step builds caches
     row["step_time_ms"] = round(1000 * statistics.median(times), 1) if times else None

@@ -7,8 +7,9 @@
 #
 # recovery includes the fast-recovery variants (issue 24: process restart from the persistent / the local
 # checkpoint, in-process restart from memory); fast-recovery runs those variants only (docs/fast-recovery.md);
-# fsdp: memory per rank and step time for ddp / ddp + distributed optimizer / torch_fsdp2 (needs 2 GPUs: --ranks 2;
-# with one GPU it runs --ranks 1, where FSDP shards nothing, docs/trainer.md).
+# fsdp: memory per rank and step time for ddp / ddp + distributed optimizer / torch_fsdp2 / megatron_fsdp (its
+# default optim_grads_params, and optim_grads; fp32) (needs 2 GPUs: --ranks 2; with one GPU it runs --ranks 1, where
+# FSDP shards nothing, docs/trainer.md).
 #
 # Each part stays under 10 minutes on an H100 with the 125M shape (gpt_126m: 12 layers, hidden 768, 12 heads,
 # vocab 50304, seq 2048, micro-batch 8, bf16). Outputs: <part>-cuda.md (the printed tables) and <part>-cuda.json
@@ -21,7 +22,7 @@ PINS="megatron-core==0.19.2 nvidia-resiliency-ext==0.7.0"   # scripts/newest/pin
 if [ "$part" = wheels ]; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_39_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform any -d .whl $PINS defusedxml
+        --platform manylinux2014_x86_64 --platform any -d .whl $PINS defusedxml einops  # einops: Megatron-FSDP
     ls .whl
     exit 0
 fi

@@ -56,29 +56,35 @@ def test_torch_fsdp2_untied_is_accepted():
     assert strategy_refusal("torch_fsdp2", 1, (0, 16, 1)) is None
 
 
-@pytest.mark.parametrize("parallel, bytes_per_param, sharded", [
-    ({}, 16.0, ""),
-    ({"use_distributed_optimizer": True}, 8 + 8 / 8, "optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "torch_fsdp2"}, 16 / 8, "weights, gradients, optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "no_shard"}, 16.0, ""),
-    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim"}, 8 + 8 / 8,
+PLAIN, MAIN = "fp32 weights and gradients", "fp32 weights, gradients, Megatron-FSDP's fp32 main weights"
+
+
+@pytest.mark.parametrize("parallel, bytes_per_param, what, sharded", [
+    ({}, 16.0, PLAIN, ""),
+    ({"use_distributed_optimizer": True}, 8 + 8 / 8, PLAIN, "optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "torch_fsdp2"}, 16 / 8, PLAIN, "weights, gradients, optimizer state sharded over 8"),
+    # Megatron-FSDP keeps fp32 main weights of its own in fp32 too, sharded with the optimizer state
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "no_shard"}, 20.0, MAIN, ""),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim"}, 8 + 12 / 8, MAIN,
      "optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim_grads"}, 4 + 12 / 8,
-     "gradients, optimizer state sharded over 8"),
-    ({"data_parallel_strategy": "megatron_fsdp"}, 16 / 8, "weights, gradients, optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp", "data_parallel_sharding_strategy": "optim_grads"}, 4 + 16 / 8,
+     MAIN, "gradients, optimizer state sharded over 8"),
+    ({"data_parallel_strategy": "megatron_fsdp"}, 20 / 8, MAIN, "weights, gradients, optimizer state sharded over 8"),
 ])
-def test_the_memory_estimate_knows_what_each_strategy_shards(parallel, bytes_per_param, sharded):
-    """fp32 on 8 ranks: 4 bytes of weights, 4 of gradients, 8 of Adam moments."""
+def test_the_memory_estimate_knows_what_each_strategy_shards(parallel, bytes_per_param, what, sharded):
+    """fp32 on 8 ranks: 4 bytes of weights, 4 of gradients, 8 of Adam moments (and 4 of Megatron-FSDP's main
+    weights); what is gathered whole: one layer's weights and gradients, and with Megatron-FSDP the weights of the
+    embeddings and the output layer (its bucket outside the layers)."""
     from megatron_resilience.config.memory import estimate
 
     config = PretrainConfig(run_dir="/tmp/r", parallel=ParallelConfig(**parallel),
                             model=ModelConfig(share_embeddings_and_output_weights=False))
     est = estimate(config, 8)
     assert est.bytes_per_param == bytes_per_param
-    assert est.why_bytes == "fp32 weights and gradients and Adam state" + (
-        f", {sharded} data-parallel ranks" if sharded else "")
+    assert est.why_bytes == f"{what} and Adam state" + (f", {sharded} data-parallel ranks" if sharded else "")
     layer = est.layer_params / config.model.num_layers
-    assert est.gathered == (layer * 8 if sharded.startswith("weights") else 0.0)  # one layer gathered whole
+    outside = est.embedding_params * 4 if parallel.get("data_parallel_strategy") == "megatron_fsdp" else 0.0
+    assert est.gathered == (layer * 8 + outside if sharded.startswith("weights") else 0.0)
 
 
 @pytest.mark.parametrize("version, dp, expected", [

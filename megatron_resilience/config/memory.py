@@ -13,7 +13,15 @@ Transformer Models") is enough to reject what cannot fit, and is computed here f
   18 (Megatron-LM's figure), or 6 + 12 / DP with ``parallel.use_distributed_optimizer``; fp32: 16, or
   8 + 8 / DP; SGD keeps one momentum instead of two moments (4 bytes less, sharded alike). FSDP divides what it
   shards by DP too (``sharded_parts``): torch FSDP2 all of it (18 / DP), Megatron-FSDP what its sharding strategy
-  names; a sharded model also gathers one layer whole at a time (its weights, and its gradients in the backward);
+  names; a sharded model also gathers one layer whole at a time (its weights, and its gradients in the backward).
+  Megatron-FSDP keeps fp32 main weights in a buffer of their own in fp32 too (``preserve_fp32_weights=True`` in
+  megatron-core 0.16, ``megatron_fsdp_main_params_dtype=float32`` in 0.19, both defaults), sharded with the
+  optimizer state: 20 bytes in fp32, 4 + 16 / DP with ``optim_grads``, 20 / DP with ``optim_grads_params``
+  (``benchmarks/fsdp_memory.py`` measures these shards on every rank as estimated). Megatron-FSDP gathers per
+  transformer layer, and the parameters outside the layers (the embeddings and the output layer: one bucket)
+  whole while they compute; megatron-core 0.19.2 still holds that bucket gathered after the optimizer step
+  (measured: the live tensors then exceed the shards by its weights, within 0.1 %; 0.16.1 does not), so with
+  sharded weights the gathered part counts it beside one layer;
 * activations, a lower bound: ``s b h (10 + 24 / TP)`` bytes per layer (``34 / TP`` with sequence
   parallelism), 2-byte values (twice that in fp32), times the layers of the stage and the micro-batches in
   flight (min(PP, micro-batches per step)); the attention scores are left out (flash and SDPA kernels do not
@@ -44,7 +52,7 @@ class MemoryEstimate:
     bytes_per_param: float
     activations: float  # bytes, lower bound
     why_bytes: str
-    gathered: float = 0.0  # bytes: one layer's weights and gradients gathered whole (FSDP), else 0
+    gathered: float = 0.0  # bytes gathered whole while they compute (FSDP: see _gathered), else 0
 
 
     @property
@@ -80,9 +88,11 @@ def sharded_parts(parallel: Any) -> tuple[bool, bool, bool]:
 def _bytes_per_param(config: Any, dp: int) -> tuple[float, str]:
     mixed = config.model.precision in ("bf16", "fp16")
     state = 8.0 if config.optim.optimizer == "adam" else 4.0  # Adam: two fp32 moments; SGD: one momentum
-    master = 4.0 if mixed else 0.0  # fp32 master weights next to bf16/fp16 ones
+    main_copy = config.parallel.data_parallel_strategy == "megatron_fsdp"  # its main-weight buffer, fp32 too
+    master = 4.0 if mixed or main_copy else 0.0  # fp32 master weights next to bf16/fp16 ones
     weights, grads_bytes = (2.0, 4.0) if mixed else (4.0, 4.0)
-    grads = " with fp32 gradients and master weights" if mixed else " and gradients"
+    grads = (" with fp32 gradients and master weights" if mixed else
+             ", gradients, Megatron-FSDP's fp32 main weights" if main_copy else " and gradients")
     what = f"{config.model.precision} weights{grads} and {'Adam' if config.optim.optimizer == 'adam' else 'SGD'} state"
     parts = sharded_parts(config.parallel)
     total = sum(size / dp if shard else size for size, shard in zip((weights, grads_bytes, master + state), parts))
@@ -92,13 +102,16 @@ def _bytes_per_param(config: Any, dp: int) -> tuple[float, str]:
     return total, what
 
 
-def _gathered_layer(config: Any, layer_params: float) -> float:
-    """Bytes of one transformer layer gathered whole while it computes, when the weights are sharded (FSDP)."""
+def _gathered(config: Any, layer_params: float, embedding_params: float) -> float:
+    """Bytes gathered whole while they compute, when the weights are sharded (FSDP): one transformer layer's
+    weights and, in the backward, its gradients; with Megatron-FSDP also the weights of the bucket outside its
+    per-layer units (the embeddings and the output layer), which megatron-core 0.19 keeps gathered."""
     if not sharded_parts(config.parallel)[0] or not config.model.num_layers:
         return 0.0
-    mixed = config.model.precision in ("bf16", "fp16")
+    weight_bytes = 2.0 if config.model.precision in ("bf16", "fp16") else 4.0
     per_layer = layer_params / max(1, config.model.num_layers // config.parallel.pipeline_model_parallel_size)
-    return per_layer * ((2.0 + 4.0) if mixed else (4.0 + 4.0))  # its weights and, in the backward, its gradients
+    outside = embedding_params * weight_bytes if config.parallel.data_parallel_strategy == "megatron_fsdp" else 0.0
+    return per_layer * (weight_bytes + 4.0) + outside
 
 
 def estimate(config: Any, world_size: int) -> MemoryEstimate:
@@ -119,7 +132,7 @@ def estimate(config: Any, world_size: int) -> MemoryEstimate:
                    * (m.num_layers // pp) * in_flight)
     bpp, why = _bytes_per_param(config, dp)
     return MemoryEstimate(embedding_params=embedding, layer_params=layers, bytes_per_param=bpp,
-                          activations=activations, why_bytes=why, gathered=_gathered_layer(config, layers))
+                          activations=activations, why_bytes=why, gathered=_gathered(config, layers, embedding))
 
 
 def _gib(x: float) -> str:
@@ -137,7 +150,7 @@ def check_memory(config: Any, world_size: int) -> MemoryEstimate | None:
     text = (f"about {_gib(est.total)} per rank ({est.params:.3g} parameters on the first pipeline stage x "
             f"{est.bytes_per_param:.3g} bytes for {est.why_bytes} = {_gib(states)}, + activations of at least "
             f"{_gib(est.activations)}"
-            + (f", + {_gib(est.gathered)} for the layer FSDP gathers" if est.gathered else "") + ")")
+            + (f", + {_gib(est.gathered)} that FSDP gathers whole" if est.gathered else "") + ")")
     if est.total > budget:
         m = config.model
         if est.activations > states:
