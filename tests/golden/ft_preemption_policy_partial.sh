@@ -96,6 +96,7 @@ cat > /cluster/experiments/gpt/gpt_preview/gpt/gpt_job_level.json <<'MEGATRON_RE
    "checkpoint_refused"
   ],
   "exclude_nodes_after": 2,
+  "exclude_nodes_within_days": 14.0,
   "max_attempts_without_progress": 2,
   "max_restarts": {
    "crash": 3,
