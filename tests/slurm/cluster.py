@@ -125,6 +125,7 @@ def multinode_cluster(slurm_cluster: SlurmCluster) -> SlurmCluster:
         return slurm_cluster
     cluster = start_cluster("multinode")
     cancel_leftover_jobs(cluster)
+    resume_nodes_left_down(cluster)
     return cluster
 
 
@@ -148,6 +149,26 @@ def cancel_leftover_jobs(cluster: SlurmCluster, timeout: float = 120.0) -> list[
             return jobs
         time.sleep(1)
     raise RuntimeError(f"jobs left on the multi-node instance did not go within {timeout:.0f} s: {jobs}")
+
+
+# The reasons this repo's tests and chaos set when they take a node down (tests/slurm, megatron_resilience.chaos).
+OUR_DOWN_REASONS = ("mr-test", "chaos-")
+
+
+def resume_nodes_left_down(cluster: SlurmCluster) -> list[str]:
+    """Resume the nodes an interrupted test or chaos run took down and never gave back (their reason is ours): a CI
+    run killed while the node-down test held ``mn3`` DOWN left the next run's jobs without the node they must start
+    on. Nodes down for any other reason are left as they are. Returns the nodes resumed, with a warning."""
+    env = {**os.environ, "SLURM_CONF": cluster.slurm_conf}
+    rows = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], env=env, capture_output=True, text=True,
+                          timeout=60).stdout.splitlines()
+    down = sorted({node for node, state, reason in (row.split("|", 2) for row in rows if row.count("|") == 2)
+                   if reason.startswith(OUR_DOWN_REASONS) and state.rstrip("*~#!%$@^-").lower() != "idle"})
+    if down:
+        warnings.warn(f"nodes an earlier run took down and never resumed: {down}; resumed", stacklevel=2)
+        subprocess.run(["scontrol", "update", f"NodeName={','.join(down)}", "State=RESUME"], env=env,
+                       capture_output=True, timeout=60)
+    return down
 
 
 @contextlib.contextmanager
