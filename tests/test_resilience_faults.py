@@ -258,8 +258,11 @@ def test_5_sigterm_checkpoints_current_step_exits_0_and_resumes_without_loss_or_
     s = stopped["step"]
     assert 12 <= s < 30  # signalled after step 12; where it stops depends on the machine's speed
     assert after["checkpoints"][-1] == s and after["records"] == s  # checkpoint at the step it stopped after
-    # That checkpoint is the signal's own save (at a periodic step too: the loop saves once, for the stop).
-    assert after["saves"][-1] == (s, "signal"), after["saves"]
+    # That checkpoint is the signal's own save (at a periodic step too: the loop saves once, for the stop), unless
+    # the signal came while that step's periodic save was being written: then the stop finds it "already saved"
+    # (seen once under load in CI: the signal during step 20's interval save)
+    kind = "interval" if stopped.get("checkpoint_at_stop") == "already saved" else "signal"
+    assert after["saves"][-1] == (s, kind), (after["saves"], stopped)
     assert not after["flag"]  # not finished: the job must be requeued
     assert f"stopping after step {s}: SIGTERM received" in first.log()
     assert second.returncode == 0 and f"setup: resumed at step {s}" in second.log()
