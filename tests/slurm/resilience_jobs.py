@@ -1,6 +1,6 @@
 """The jobs of ``test_resilience_on_slurm.py``, submitted together and waited for (:func:`submit_and_wait`), and the
-settings its tests check them against: time limit, scancel per task form, FT sections and heartbeats (DDP and torch
-FSDP2), exhausted in-job restarts, rerun exit codes."""
+settings its tests check them against: time limit, scancel per task form, FT sections and heartbeats (DDP, torch
+FSDP2 and Megatron-FSDP), exhausted in-job restarts, rerun exit codes."""
 
 from __future__ import annotations
 
@@ -34,10 +34,18 @@ HB_INITIAL, HB = 600.0, 180.0
 SIGNAL_AFTER_STEP = 5  # scancel jobs: signal once training is under way
 SCANCEL_JOBS = ("script", "inline", "torchrun")
 FSDP2_STEPS, FSDP2_FAULT_STEP = 30, 29  # checkpoints at 10, 20, 30; steps 21-28 trained twice
-FSDP2_JOB = dict(max_steps=FSDP2_STEPS, save_interval=10, parallel__data_parallel_strategy="torch_fsdp2",
-                 model__share_embeddings_and_output_weights=False, ft__simulate_fault=True,
-                 ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
-                 ft__simulated_fault_step=FSDP2_FAULT_STEP)
+_KILLED_AT_29 = dict(max_steps=FSDP2_STEPS, save_interval=10, ft__simulate_fault=True,
+                    ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
+                    ft__simulated_fault_step=FSDP2_FAULT_STEP)
+# The sharded jobs (issue 33): name -> (strategy, checkpoint format on disk, the task's edits). torch FSDP2 needs
+# untied embeddings; Megatron-FSDP (optim_grads_params by default) writes fsdp_dtensor checkpoints.
+SHARDED_JOBS = {
+    "ft_fsdp2": ("torch_fsdp2", "torch_dist", dict(_KILLED_AT_29, parallel__data_parallel_strategy="torch_fsdp2",
+                                                   model__share_embeddings_and_output_weights=False)),
+    "ft_megatron_fsdp": ("megatron_fsdp", "fsdp_dtensor",
+                         dict(_KILLED_AT_29, parallel__data_parallel_strategy="megatron_fsdp",
+                              checkpoint__ckpt_format="fsdp_dtensor")),
+}
 
 
 def trainer_args(run_dir: str, max_steps: int) -> list[str]:
@@ -99,10 +107,11 @@ def submit_and_wait(slurm_cluster, slurm_tmp) -> dict:
     partial("ft_killed", launcher=None, plugins=ft_and_preemption(), max_steps=STEPS, save_interval=10,
             ft__simulate_fault=True, ft__simulated_fault_type="rank_killed", ft__simulated_fault_rank=1,
             ft__simulated_fault_step=25)
-    # The same fault under torch FSDP2 (parameters, gradients and Adam state sharded over the 2 ranks; FSDP2 needs
-    # untied embeddings): killed at the start of step FSDP2_FAULT_STEP, so the first run's steps after the step-20
-    # checkpoint are the uninterrupted run the resumed steps are compared with (no second job).
-    partial("ft_fsdp2", launcher=None, plugins=ft_and_preemption(), **FSDP2_JOB)
+    # The same fault under torch FSDP2 and Megatron-FSDP (parameters, gradients and Adam state sharded over the 2
+    # ranks): killed at the start of step FSDP2_FAULT_STEP, so the first run's steps after the step-20 checkpoint
+    # are the uninterrupted run the resumed steps are compared with (no second job).
+    for name, (_, _, edits) in SHARDED_JOBS.items():
+        partial(name, launcher=None, plugins=ft_and_preemption(), **edits)
     # Heartbeats mode through the plugin: a rank hung at step 25 misses its heartbeat; restart, resume from 20.
     partial("ft_heartbeats", launcher=None, max_steps=STEPS, save_interval=10,
             plugins=[FaultTolerancePlugin(num_in_job_restarts=2, num_job_retries_on_failure=0,

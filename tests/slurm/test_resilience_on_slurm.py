@@ -16,8 +16,8 @@ machine is (the suite must pass with both cores saturated):
 - the ``scancel -s SIGTERM`` jobs (``Script``, inline ``Script`` with 2 tasks launched by ``srun`` and no
   launcher, torchrun ``Partial``): signalled once they train; checkpoint, requeue, resume with losses equal to
   an uninterrupted run;
-- fault tolerance (a killed rank in sections mode, also under torch FSDP2, a hung rank in heartbeats mode,
-  exhausted restarts), rerun exit codes, status and logs from a later session.
+- fault tolerance (a killed rank in sections mode, also under torch FSDP2 and Megatron-FSDP, a hung rank in
+  heartbeats mode, exhausted restarts), rerun exit codes, status and logs from a later session.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from slurm.resilience_jobs import (
     HB,
     HB_INITIAL,
     LIMIT_STEPS,
+    SHARDED_JOBS,
     SIGNAL_AFTER_STEP,
     STEPS,
     submit_and_wait,
@@ -168,12 +169,15 @@ def test_3a_killed_rank_is_restarted_in_job_and_finishes(jobs):
     assert job.losses() == js["ref"].losses()
 
 
-def test_3a_fsdp2_killed_rank_is_restarted_in_job_and_resumes_exact(jobs):
-    """torch FSDP2 (issue 33): rank 1 killed at the start of step 29, ft_launcher restarts both ranks inside the job,
-    they resume from the sharded step-20 checkpoint and train steps 21-28 again with the losses of their first,
-    uninterrupted pass, bit for bit (model shards, Adam state, data position and schedule all restored)."""
-    job = jobs["jobs"]["ft_fsdp2"]
-    info = jobs["finals"]["ft_fsdp2"]
+@pytest.mark.parametrize("name", sorted(SHARDED_JOBS))
+def test_3a_sharded_killed_rank_is_restarted_in_job_and_resumes_exact(jobs, name):
+    """torch FSDP2 and Megatron-FSDP (issue 33): rank 1 killed at the start of step 29, ft_launcher restarts both ranks
+    inside the job, they resume from the sharded step-20 checkpoint and train steps 21-28 again with the losses of
+    their first, uninterrupted pass, bit for bit (model shards, Adam state, data position and schedule all
+    restored); every checkpoint in the strategy's own format."""
+    strategy, ckpt_format, _ = SHARDED_JOBS[name]
+    job = jobs["jobs"][name]
+    info = jobs["finals"][name]
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), job.describe()
     assert [a["State"] for a in job.attempts()] == ["COMPLETED"], job.describe()
     log = job.attempt_log(0).splitlines()
@@ -190,15 +194,14 @@ def test_3a_fsdp2_killed_rank_is_restarted_in_job_and_resumes_exact(jobs):
     again = range(21, FSDP2_FAULT_STEP)
     assert {s: after[s] for s in again} == {s: first[s] for s in again}  # bitwise, as metrics.jsonl holds them
     assert finish_record(job.stop_reason()) == finished_at(FSDP2_STEPS)
-    # On disk: sharded torch_dist checkpoints, each saying which strategy its tensors are sharded for.
+    # On disk: sharded checkpoints in the strategy's format, each saying which strategy its tensors are sharded for.
     assert job.checkpoint_steps() == [10, 20, 30], job.describe()
     for step in job.checkpoint_steps():
         folder = os.path.join(job.run_dir, "checkpoints", f"iter_{step:07d}")
         with open(os.path.join(folder, "metadata.json")) as f:
-            assert json.load(f)["sharded_backend"] == "torch_dist"
+            assert json.load(f)["sharded_backend"] == ckpt_format
         with open(os.path.join(folder, "model_shape.json")) as f:
-            shape = json.load(f)
-        assert (shape["data_parallel_strategy"], shape["share_embeddings_and_output_weights"]) == ("torch_fsdp2", False)
+            assert json.load(f)["data_parallel_strategy"] == strategy
 
 
 def test_3a_heartbeats_mode_hung_rank_is_restarted_in_job_and_finishes(jobs):
