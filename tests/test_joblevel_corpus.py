@@ -115,6 +115,18 @@ CASES = {
         stop_reason=signal_stop(6, 0, "2026-11-23 06:30:08.800", "step", "pending"),
         expect={"error_type": "preempted", "source": "stop_reason"},
         decisions=("free", "free", "free", "free", "free")),
+    # captured from the long chaos run (a rank hang injected in setup, then a preemption): the ranks, stuck in the
+    # rendezvous, never ran their signal handler; ft_launcher got SIGTERM from outside and SIGKILLed them after its
+    # shutdown timeout. No stop record, no failure before the launcher's line: a preemption, not "killed"
+    "preempted_while_setup_hung": case(
+        "preempted_while_setup_hung.log", exit_code=1,
+        expect={"error_type": "preempted", "source": "launcher", "signal": "SIGTERM"},
+        decisions=("free", "free", "free", "free", "free")),
+    # the same with rank 1's ECC error before the signal: the error decides, the signal is the teardown
+    "preempted_after_an_ecc_in_setup": case(
+        "preempted_after_an_ecc_in_setup.log", exit_code=1,
+        expect={"error_type": "ecc_error", "source": "log"},
+        decisions=("requeue", "x:node-01", "x:node-01", "x:node-01", "requeue")),
     "rerun_16": case(
         "rerun_16.log", exit_code=16, nodes=("nid004410",), stop_reason={"reason": "rerun:16", "step": 811,
                                                                           "exit_code": 16, "finished": False},

@@ -33,6 +33,8 @@ NO_PROGRESS = "no_progress"
 # What a stop on a signal leaves in the log besides a rank's own failure: the signal itself, the kills that follow
 # it, and the peers' symptoms of a rank that went away.
 NOT_A_RANKS_OWN_FAILURE = ("preempted", "killed", "user_cancel", *taxonomy.PEER_SYMPTOMS)
+# torchelastic's agent received a signal from outside (monitors/_slurm.yaml)
+LAUNCHER_SIGNAL_MONITOR = "launcher_death_signal"
 
 
 @dataclass
@@ -128,6 +130,28 @@ def _signal_sent_after_a_failure(stop: dict[str, Any], signals: list[Signal]) ->
     return any(t is not None and t <= at for t in (time_order.stamp(s.line) for s in lines))
 
 
+def _stopped_from_outside(signals: list[Signal]) -> Signal | None:
+    """The launcher's "Received SIGTERM death signal" line, when it is what ended the attempt: no rank's own failure
+    and no launcher's worker-failed line can have come before it (each is certainly later: by time stamp, or by
+    place in the same log).
+
+    A preemption or time-limit warning that lands while the ranks are stuck in a C++ call (a rendezvous waiting for a
+    stopped peer, found by the long chaos run: a rank hang injected during setup, then a preemption) never reaches
+    their Python handler: they write no stop record, the launcher kills them after its shutdown timeout, and
+    without this line the attempt read as ``killed``, which ``megatron_transient`` stops on. Slurm's own lines for
+    a time limit, a preemption or a lost node are stamped before the launcher's and keep deciding."""
+    received = [s for s in signals if s.monitor == LAUNCHER_SIGNAL_MONITOR]
+    if not received:
+        return None
+    first = received[0]
+    position = {id(s): i for i, s in enumerate(signals)}
+    failed = [s for s in signals if (s.severity in ("fatal", "error") and s.error_type not in NOT_A_RANKS_OWN_FAILURE)
+              or s.monitor == FIRST_FAILURE_MONITOR]
+    if all(time_order.before(first, s, position) for s in failed):
+        return first
+    return None
+
+
 def ending_signal(evidence: AttemptEvidence) -> str | None:
     """The signal that ended the attempt: a worker killed by one, or the launcher's exit code 128+N."""
     for s in reversed(evidence.signals):
@@ -197,6 +221,14 @@ def classify(evidence: AttemptEvidence) -> Classification:
         return _make(state_type, "slurm", f"Slurm job state {evidence.slurm_state}",
                      signals=_of(sigs, state_type), signal=ended_by)
 
+    trainer_saw_it = any(s.severity == "fatal" for s in _of(sigs, "preempted"))  # its lines say more: the loop
+    outside = None if trainer_saw_it else _stopped_from_outside(sigs)
+    if outside is not None:
+        signal = outside.fields.get("signal", "")
+        signal = signal_name(int(signal)) if signal.isdigit() else signal
+        return _make("preempted", "launcher", f"the launcher received {signal} from outside (preemption, time-limit "
+                     "warning, scancel --signal) before any rank failed; the trainer wrote no stop of its own",
+                     severity="info", signals=[outside], signal=signal)
     # the launcher's first failed rank: its peers' communication errors follow from it
     root = first_failure(sigs, evidence.nodes, evidence.ranks_per_node)
     # a cancel line was weighed above against Slurm's record; "killed" lines only name the signal
