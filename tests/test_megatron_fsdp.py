@@ -16,6 +16,10 @@ real ft_launcher (the installed stack; ``make test-newest`` runs it on megatron-
   Below 0.19 Megatron-FSDP computes wrong gradients at DP=1: the trainer refuses the run, naming why;
 * ``resharded``: the same checkpoint resumed on 2 ranks with ``data_parallel_sharding_strategy=optim_grads``
   (gradients and optimizer state sharded, weights whole): bitwise the reference's losses.
+* ``async_killed``: ``checkpoint.async_save=true`` (DCP planned in the step, written by megatron-core's forked
+  writer, ``.metadata``, ``common.pt`` and the commit in its finalize), rank 1 killed at the start of step 11: it
+  resumes from the step-8 save if that was committed by then, else from step 4's (committed at the latest when
+  step 8's save began), bitwise the reference's losses.
 
 The tiny GPT's parameters do not split evenly over 2 ranks: Megatron-FSDP leaves some parameters' local shards
 empty on one rank (no Adam state there), the case that hangs the optimizer save upstream (Megatron-LM #4910). The
@@ -45,6 +49,8 @@ WAIT = 900  # per launch: the 2 cores are shared with other suites
 DP_TOLERANCE = 5e-7  # relative, on each loss (module doc)
 SLOW = ["straggler.simulated_straggler_rank=0", "straggler.simulated_straggler_delay=0.3"]  # time to send a signal
 DP1_CORRECT = package_version("megatron-core") >= (0, 19)
+ASYNC_KILLED = ["checkpoint.async_save=true", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_killed",
+                "ft.simulated_fault_rank=1", "ft.simulated_fault_step=11"]
 
 
 def _from_step8(root, reference, name, ranks, also=()):
@@ -59,8 +65,8 @@ def _from_step8(root, reference, name, ranks, also=()):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two launches at a time: reference beside killed; preempted's first launch beside dp1; its second beside
-    resharded."""
+    """Two launches at a time: reference beside killed; preempted's first launch beside dp1; then three: its second
+    beside resharded and async_killed."""
     root = tmp_path_factory.mktemp("megatron_fsdp")
     killed = launch(root / "killed", BASE + ["ft.simulate_fault=true", "ft.simulated_fault_type=rank_killed",
                                              "ft.simulated_fault_rank=1", "ft.simulated_fault_step=7"],
@@ -76,9 +82,13 @@ def runs(tmp_path_factory):
     second = launch(root / "preempted", BASE + ["train.exit_signal_handler=true"], max_restarts=0)
     resharded_dir, resharded = _from_step8(root, reference, "resharded", 2,
                                            ["parallel.data_parallel_sharding_strategy=optim_grads"])
+    async_killed = launch(root / "async_killed", BASE + ASYNC_KILLED, max_restarts=1)
     second.wait(WAIT)
+    resharded_proc = resharded.wait(WAIT)
+    async_killed.wait(WAIT)
     return {"reference": reference, "killed": killed, "dp1": {"proc": dp1_proc, "run_dir": dp1_dir},
-            "resharded": {"proc": resharded.wait(WAIT), "run_dir": resharded_dir},
+            "async_killed": async_killed,
+            "resharded": {"proc": resharded_proc, "run_dir": resharded_dir},
             "preempted": {"first_code": first.returncode, "saves": saves, "first_log": first_log, "run": second}}
 
 
@@ -156,3 +166,24 @@ def test_another_sharding_strategy_resumes_exact(runs):
     losses = {r["step"]: r["loss"] for r in read_metrics(run["run_dir"])}
     assert sorted(losses) == list(range(9, 13))
     assert losses == {s: ref[s] for s in losses}
+
+
+def test_async_saves_survive_a_killed_rank_and_resume_exact(runs):
+    """``checkpoint.async_save=true`` with Megatron-FSDP: every save scheduled in the background and committed whole
+    (``.metadata``, ``common.pt``, ``metadata.json``), the killed rank's group resumed from a committed async save,
+    bitwise the reference's losses; what the end leaves is what a synchronous run leaves."""
+    run, ref = runs["async_killed"], runs["reference"]
+    assert run.returncode == 0, run.log()[-3000:]
+    log = run.log()
+    for step in (4, 8):
+        assert f"checkpoint: scheduled async save of step {step} in" in log
+    resumed = re.search(r"setup: resumed at step (\d+)", log)
+    assert "rank_killed on rank 1" in log and resumed and int(resumed.group(1)) in (4, 8), log[-3000:]
+    assert run.losses() == ref.losses()
+    assert run.checkpoint_steps() == [8, 12]
+    assert sorted(p.name for p in run.ckpt.iterdir()) == ["iter_0000008", "iter_0000012",
+                                                          "latest_checkpointed_iteration.txt"]
+    for step in (8, 12):
+        folder = run.ckpt / f"iter_{step:07d}"
+        assert '"sharded_backend": "fsdp_dtensor"' in (folder / "metadata.json").read_text()
+        assert (folder / ".metadata").exists() and (folder / "common.pt").exists()

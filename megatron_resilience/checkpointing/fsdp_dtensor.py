@@ -10,7 +10,8 @@ What the folder holds (it is written into ``iter_N.tmp`` and published by :class
   draws differ per rank). Megatron-LM's ``save_checkpoint``/``_load_base_checkpoint`` (megatron-core 0.19.2,
   ``megatron/training/checkpointing.py``) save and load the same three with DCP; its RNG states are per (PP, TP)
   rank, ours per global rank as in our torch_dist checkpoints.
-- ``common.pt`` and ``metadata.json`` (``sharded_backend: fsdp_dtensor``), written by rank 0 after DCP's index:
+- ``common.pt`` and ``metadata.json`` (``sharded_backend: fsdp_dtensor``), written by rank 0 after DCP's index (an
+  async save's in its finalize, from the counters taken when it was scheduled):
   the step, consumed samples, scheduler, extra, world size and layout, read back with dist_checkpointing's own
   ``load_common_state_dict`` on every release, so the resume scan (``readable.py``) and the layout check treat both
   formats alike.
@@ -21,6 +22,7 @@ materialises the Adam state), DCP fills them, and the model's and optimizer's ``
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any
@@ -30,7 +32,7 @@ import torch
 from megatron_resilience.checkpointing import reshard
 from megatron_resilience.checkpointing import state_dict as checkpoint_state
 from megatron_resilience.runtime.state import TrainState
-from megatron_resilience.upstream import megatron_fsdp
+from megatron_resilience.upstream import dist_checkpointing, megatron_fsdp
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +86,45 @@ def _common(state: TrainState) -> dict[str, Any]:
             "content_metadata": {**checkpoint_state.content_metadata(), **megatron_fsdp.OPTIMIZER_SHARDING}}
 
 
-def save(state: TrainState, path: str) -> None:
-    """Collective: every rank's shards into ``path`` (an existing, empty ``iter_N.tmp``), then rank 0 the common
-    state and ``metadata.json`` (what marks the folder complete for ``readable.py``)."""
-    import torch.distributed.checkpoint as dcp
-    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
-
+def _warn_rerun_state() -> None:
     if checkpoint_state.rerun_state_to_save() is not None and torch.distributed.get_rank() == 0:
         log.warning("checkpoint: the rerun state machine is mid-diagnosis; fsdp_dtensor checkpoints do not hold its "
                     "state yet, so a resume trains the step again without re-running it")
+
+
+def _write_common(path: str, common: dict[str, Any]) -> None:
+    """Rank 0, after DCP's ``.metadata``: the common state, then ``metadata.json`` (what marks the folder complete for
+    ``readable.py``)."""
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+
+    torch.save(common, os.path.join(path, "common.pt"))
+    save_config(CheckpointingConfig(sharded_backend=SHARDED_BACKEND), path)
+
+
+def save(state: TrainState, path: str) -> None:
+    """Collective: every rank's shards into ``path`` (an existing, empty ``iter_N.tmp``), then rank 0 the common
+    state and ``metadata.json``."""
+    import torch.distributed.checkpoint as dcp
+
+    _warn_rerun_state()
     dcp.save(_sharded(state, is_loading=False), checkpoint_id=path)
     if torch.distributed.get_rank() == 0:
-        torch.save(_common(state), os.path.join(path, "common.pt"))
-        save_config(CheckpointingConfig(sharded_backend=SHARDED_BACKEND), path)
+        _write_common(path, _common(state))
     torch.distributed.barrier()
+
+
+def save_async(state: TrainState, path: str) -> Any:
+    """Collective: plan the save of ``state`` into ``path`` and return megatron-core's ``AsyncRequest`` for the
+    manager's queue (``checkpoint.async_save``, as Megatron-LM's ``--async-save`` with ``fsdp_dtensor``). The forked
+    writer holds the shards as they are now; the common state is taken now too and written by rank 0 in the
+    request's finalize, after DCP's index, before the manager's commit."""
+    _warn_rerun_state()
+    sharded = _sharded(state, is_loading=False)
+    then = []
+    if torch.distributed.get_rank() == 0:
+        common = copy.deepcopy(_common(state))  # this step's counters, not the ones when the write finishes
+        then.append(lambda: _write_common(path, common))
+    return dist_checkpointing.dcp_async_save_request(sharded, path, then)
 
 
 def load(state: TrainState, path: str, common: dict[str, Any]) -> None:

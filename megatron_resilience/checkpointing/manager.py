@@ -244,9 +244,8 @@ class CheckpointManager:
                 layout.remove_stale_tmp(root)
             os.makedirs(save.tmp)
         torch.distributed.barrier()
-        if fsdp_dtensor.is_fsdp_dtensor(state):  # Megatron-FSDP: sync only (config refuses async_save)
-            fsdp_dtensor.save(state, save.tmp)
-            request = None
+        if fsdp_dtensor.is_fsdp_dtensor(state):  # Megatron-FSDP: DCP of its DTensors
+            request = fsdp_dtensor.save_async(state, save.tmp) if save.is_async else fsdp_dtensor.save(state, save.tmp)
         else:
             sharded = checkpoint_state.build_sharded_state_dict(state, is_loading=False)
             request = dist_checkpointing.save(

@@ -104,9 +104,6 @@ class PretrainConfig:
         if self.parallel.model_parallel_size > 1:
             fail("parallel", f"tensor_model_parallel_size and pipeline_model_parallel_size must be 1 {not_yet}",
                  self.parallel.model_parallel_size)
-        if self.checkpoint.async_save:
-            fail("checkpoint.async_save", f"must be false {not_yet} (fsdp_dtensor checkpoints are saved "
-                 "synchronously)", True)
         if self.checkpoint.local_dir is not None:
             fail("checkpoint.local_dir", f"must be null {not_yet} (no node-local fsdp_dtensor tier)",
                  self.checkpoint.local_dir)

@@ -132,3 +132,35 @@ def checkpoint_async_calls_queue():
     from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
     return AsyncCallsQueue(persistent=False)
+
+
+def dcp_async_save_request(state_dict: dict[str, Any], path: str, then: list) -> Any:
+    """An ``AsyncRequest`` writing ``state_dict`` (DTensors and plain values) as a torch distributed checkpoint into
+    ``path`` with megatron-core's async writer, for the manager's queue: collective now (DCP's planning), the write in
+    the forked writer, then on every rank DCP's finalize (the coordinator writes ``.metadata``) and ``then``.
+
+    What Megatron-LM 0.19.2's ``save_checkpoint`` does for ``--ckpt-format fsdp_dtensor --async-save``
+    (``megatron/training/checkpointing.py``, ``async_utils.get_save_and_finalize_callbacks``), with the pieces both
+    megatron-core 0.16 and 0.19 ship: ``FileSystemWriterAsync``, ``save_state_dict_async_plan`` and
+    ``save_state_dict_async_finalize``. Planning with torch's ``DefaultSavePlanner`` writes the same layout as a
+    synchronous ``torch.distributed.checkpoint.save``, so either loads with ``torch.distributed.checkpoint.load``.
+    """
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+    from megatron.core.dist_checkpointing.strategies.state_dict_saver import (
+        save_state_dict_async_finalize,
+        save_state_dict_async_plan,
+    )
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    install_write_results_queue()  # the forked writer reports its results through this process's pipe
+    writer = FileSystemWriterAsync(path)
+    planned = save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())[0]
+    write, preload, write_args = writer.get_save_function_and_args()
+
+    def finalize() -> None:
+        save_state_dict_async_finalize(*planned)
+        for fn in then:
+            fn()
+
+    return AsyncRequest(write, write_args, [finalize], preload_fn=preload)
