@@ -14,6 +14,8 @@ real ft_launcher (the installed stack; ``make test-newest`` runs it on megatron-
   0.19+: the losses stay within ``DP_TOLERANCE`` of the reference's (only the order in which float32 gradients are
   summed differs; 3.6e-8 relative measured on 0.19.2, the bound is torch FSDP2's, ``tests/test_torch_fsdp2.py``).
   Below 0.19 Megatron-FSDP computes wrong gradients at DP=1: the trainer refuses the run, naming why;
+* ``dp1_to_2``: dp1's step-10 checkpoint resumed on 2 ranks again (DP 1 -> 2, 0.19+): steps 11-12 within
+  ``DP_TOLERANCE`` of the reference's;
 * ``resharded``: the same checkpoint resumed on 2 ranks with ``data_parallel_sharding_strategy=optim_grads``
   (gradients and optimizer state sharded, weights whole): bitwise the reference's losses.
 * ``async_killed``: ``checkpoint.async_save=true`` (DCP planned in the step, written by megatron-core's forked
@@ -55,9 +57,14 @@ ASYNC_KILLED = ["checkpoint.async_save=true", "ft.simulate_fault=true", "ft.simu
 
 def _from_step8(root, reference, name, ranks, also=()):
     """The reference's step-8 checkpoint, copied (what a next attempt finds), resumed on ``ranks`` ranks."""
+    return _resume(root, reference.ckpt, 8, name, ranks, also)
+
+
+def _resume(root, ckpt, step, name, ranks, also=()):
+    """``ckpt``'s step-``step`` checkpoint, copied with a tracker naming it, resumed on ``ranks`` ranks."""
     start = root / f"{name}_start"
-    shutil.copytree(reference.ckpt / "iter_0000008", start / "iter_0000008")
-    (start / "latest_checkpointed_iteration.txt").write_text("8")
+    shutil.copytree(ckpt / f"iter_{step:07d}", start / f"iter_{step:07d}")
+    (start / "latest_checkpointed_iteration.txt").write_text(str(step))
     run_dir = root / name
     return run_dir, start_torchrun(ranks, [f"run_dir={run_dir}", f"checkpoint.load={start}",
                                            f"checkpoint.save={run_dir}/ckpt", *BASE, *also])
@@ -74,7 +81,7 @@ def runs(tmp_path_factory):
     reference = run_to_end(root / "reference", BASE, max_restarts=0, timeout=WAIT)
     killed.wait(WAIT)
     first = launch(root / "preempted", BASE + SLOW + ["train.exit_signal_handler=true"], max_restarts=0)
-    dp1_dir, dp1 = _from_step8(root, reference, "dp1", 1)
+    dp1_dir, dp1 = _from_step8(root, reference, "dp1", 1, ["checkpoint.save_interval=2"])
     sigterm_ranks_after(first, 6, timeout=WAIT)
     saves = [(r["step"], r["reason"]) for r in first.records() if r["kind"] == "checkpoint"]
     first_log = first.log()
@@ -83,10 +90,13 @@ def runs(tmp_path_factory):
     resharded_dir, resharded = _from_step8(root, reference, "resharded", 2,
                                            ["parallel.data_parallel_sharding_strategy=optim_grads"])
     async_killed = launch(root / "async_killed", BASE + ASYNC_KILLED, max_restarts=1)
+    back_dir, back = _resume(root, dp1_dir / "ckpt", 10, "dp1_to_2", 2) if DP1_CORRECT and dp1_proc.returncode == 0 \
+        else (None, None)  # DP 1's step-10 checkpoint on 2 ranks again (where DP 1 runs: 0.19+)
     second.wait(WAIT)
     resharded_proc = resharded.wait(WAIT)
     async_killed.wait(WAIT)
     return {"reference": reference, "killed": killed, "dp1": {"proc": dp1_proc, "run_dir": dp1_dir},
+            "dp1_to_2": {"proc": back.wait(WAIT) if back else None, "run_dir": back_dir},
             "async_killed": async_killed,
             "resharded": {"proc": resharded_proc, "run_dir": resharded_dir},
             "preempted": {"first_code": first.returncode, "saves": saves, "first_log": first_log, "run": second}}
@@ -187,3 +197,15 @@ def test_async_saves_survive_a_killed_rank_and_resume_exact(runs):
         folder = run.ckpt / f"iter_{step:07d}"
         assert '"sharded_backend": "fsdp_dtensor"' in (folder / "metadata.json").read_text()
         assert (folder / ".metadata").exists() and (folder / "common.pt").exists()
+
+
+@pytest.mark.skipif(not DP1_CORRECT, reason="megatron-core < 0.19 refuses Megatron-FSDP at DP 1 (the test above)")
+def test_dp1_checkpoint_back_at_dp2_within_the_bound(runs):
+    """DP 2 -> 1 -> 2: the DP 1 run's step-10 checkpoint on 2 ranks again; its steps stay within the bound."""
+    back, ref = runs["dp1_to_2"], runs["reference"].losses()
+    assert back["proc"] is not None and back["proc"].returncode == 0, back["proc"] and back["proc"].stdout[-3000:]
+    assert "dp=2" in back["proc"].stdout and "setup: resumed at step 10" in back["proc"].stdout
+    losses = {r["step"]: r["loss"] for r in read_metrics(back["run_dir"])}
+    assert sorted(losses) == [11, 12]
+    worst = max(abs(losses[s] - ref[s]) / abs(ref[s]) for s in losses)
+    assert worst <= DP_TOLERANCE, {s: (losses[s], ref[s]) for s in losses}
