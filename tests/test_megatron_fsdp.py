@@ -14,6 +14,8 @@ real ft_launcher (the installed stack; ``make test-newest`` runs it on megatron-
   0.19+: the losses stay within ``DP_TOLERANCE`` of the reference's (only the order in which float32 gradients are
   summed differs; 3.6e-8 relative measured on 0.19.2, the bound is torch FSDP2's, ``tests/test_torch_fsdp2.py``).
   Below 0.19 Megatron-FSDP computes wrong gradients at DP=1: the trainer refuses the run, naming why;
+* ``keep_best``: ``checkpoint.keep_best=1`` with an evaluation every 3 steps: each new best saved between the
+  intervals and kept apart from ``keep_last_n=1``, the older ones removed;
 * ``dp1_to_2``: dp1's step-10 checkpoint resumed on 2 ranks again (DP 1 -> 2, 0.19+): steps 11-12 within
   ``DP_TOLERANCE`` of the reference's;
 * ``resharded``: the same checkpoint resumed on 2 ranks with ``data_parallel_sharding_strategy=optim_grads``
@@ -33,6 +35,7 @@ Real ft_launcher, Megatron-Core's Megatron-FSDP adapter and torch distributed ch
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -51,6 +54,7 @@ WAIT = 900  # per launch: the 2 cores are shared with other suites
 DP_TOLERANCE = 5e-7  # relative, on each loss (module doc)
 SLOW = ["straggler.simulated_straggler_rank=0", "straggler.simulated_straggler_delay=0.3"]  # time to send a signal
 DP1_CORRECT = package_version("megatron-core") >= (0, 19)
+KEEP_BEST = ["checkpoint.keep_best=1", "checkpoint.keep_last_n=1", "train.eval_interval=3", "train.eval_iters=2"]
 ASYNC_KILLED = ["checkpoint.async_save=true", "ft.simulate_fault=true", "ft.simulated_fault_type=rank_killed",
                 "ft.simulated_fault_rank=1", "ft.simulated_fault_step=11"]
 
@@ -82,6 +86,7 @@ def runs(tmp_path_factory):
     killed.wait(WAIT)
     first = launch(root / "preempted", BASE + SLOW + ["train.exit_signal_handler=true"], max_restarts=0)
     dp1_dir, dp1 = _from_step8(root, reference, "dp1", 1, ["checkpoint.save_interval=2"])
+    keep_best = launch(root / "keep_best", BASE + KEEP_BEST, max_restarts=0)
     sigterm_ranks_after(first, 6, timeout=WAIT)
     saves = [(r["step"], r["reason"]) for r in first.records() if r["kind"] == "checkpoint"]
     first_log = first.log()
@@ -92,12 +97,13 @@ def runs(tmp_path_factory):
     async_killed = launch(root / "async_killed", BASE + ASYNC_KILLED, max_restarts=1)
     back_dir, back = _resume(root, dp1_dir / "ckpt", 10, "dp1_to_2", 2) if DP1_CORRECT and dp1_proc.returncode == 0 \
         else (None, None)  # DP 1's step-10 checkpoint on 2 ranks again (where DP 1 runs: 0.19+)
+    keep_best.wait(WAIT)
     second.wait(WAIT)
     resharded_proc = resharded.wait(WAIT)
     async_killed.wait(WAIT)
     return {"reference": reference, "killed": killed, "dp1": {"proc": dp1_proc, "run_dir": dp1_dir},
             "dp1_to_2": {"proc": back.wait(WAIT) if back else None, "run_dir": back_dir},
-            "async_killed": async_killed,
+            "async_killed": async_killed, "keep_best": keep_best,
             "resharded": {"proc": resharded_proc, "run_dir": resharded_dir},
             "preempted": {"first_code": first.returncode, "saves": saves, "first_log": first_log, "run": second}}
 
@@ -209,3 +215,19 @@ def test_dp1_checkpoint_back_at_dp2_within_the_bound(runs):
     assert sorted(losses) == [11, 12]
     worst = max(abs(losses[s] - ref[s]) / abs(ref[s]) for s in losses)
     assert worst <= DP_TOLERANCE, {s: (losses[s], ref[s]) for s in losses}
+
+
+def test_keep_best_keeps_the_lowest_validation_loss_apart(runs):
+    """The checkpoint of the evaluation with the lowest validation loss is the one kept apart (listed in
+    ``best_checkpoints.json``), beside the newest; a best between intervals was saved at its step."""
+    run = runs["keep_best"]
+    assert run.returncode == 0, run.log()[-3000:]
+    evals = {r["step"]: r["eval_loss"] for r in read_metrics(run.run_dir, kind="eval")}
+    assert sorted(evals) == [3, 6, 9, 12]
+    best = min(evals, key=evals.get)
+    saves = {r["step"]: r["reason"] for r in read_metrics(run.run_dir, kind="checkpoint")}
+    assert saves[best] in ("best", "finished")
+    assert sorted(p.name for p in run.ckpt.iterdir()) == sorted(
+        {"best_checkpoints.json", f"iter_{best:07d}", "iter_0000012", "latest_checkpointed_iteration.txt"})
+    listed = json.loads((run.ckpt / "best_checkpoints.json").read_text())["best"]
+    assert [b["step"] for b in listed] == [best] and listed[0]["validation_loss"] == evals[best]
