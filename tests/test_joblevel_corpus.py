@@ -35,19 +35,25 @@ SIGNAL = {"reason": "signal", "step": 31, "exit_code": 0, "finished": False}
 def signal_stop(step: int, checkpoint_step: int, at: str, during: str, checkpoint_at_stop: str) -> dict:
     """stop_reason.json of a stop on SIGTERM received at ``at`` (the corpus log's local time, ``%Y-%m-%d
     %H:%M:%S.%f``), as the trainer writes it: at once when the signal arrives, rewritten on exit."""
-    received = time.mktime(time.strptime(at.split(".")[0], "%Y-%m-%d %H:%M:%S")) + float("0." + at.split(".")[1])
+    received = local_time(at)
     return {"reason": "signal", "step": step, "exit_code": 0, "finished": False, "checkpoint_step": checkpoint_step,
             "lost_steps": step - checkpoint_step, "checkpoint_at_stop": checkpoint_at_stop,
             "signal": {"signal": "SIGTERM", "received_time": received, "received_during": during, "count": 1}}
 
 
+def local_time(at: str) -> float:
+    """The epoch of ``at`` (``%Y-%m-%d %H:%M:%S.%f``, local time, as the corpus logs stamp their lines)."""
+    return time.mktime(time.strptime(at.split(".")[0], "%Y-%m-%d %H:%M:%S")) + float("0." + at.split(".")[1])
+
+
 def case(step=None, batch=None, *, exit_code, nodes=("node-01",), stop_reason=None, state=None, flag=False,
-         expect, decisions, node_info=None, batch_signal=None):
+         expect, decisions, node_info=None, batch_signal=None, stop_reason_written=None):
     """node_info: ``scontrol show node`` of the attempt's nodes as the trap would read it (state, reason, addr);
-    batch_signal: the signal the batch shell received (``scancel --signal=TERM --full``, preemption)."""
+    batch_signal: the signal the batch shell received (``scancel --signal=TERM --full``, preemption);
+    stop_reason_written: when the trainer wrote stop_reason.json (the log's local time; None: now)."""
     return dict(step=step, batch=batch, exit_code=exit_code, nodes=list(nodes), stop_reason=stop_reason,
                 state=state, flag=flag, expect=expect, decisions=decisions, node_info=node_info or {},
-                batch_signal=batch_signal)
+                batch_signal=batch_signal, stop_reason_written=stop_reason_written)
 
 
 DOWN = {"state": "DOWN+NOT_RESPONDING", "reason": "Not responding", "addr": ""}
@@ -127,6 +133,23 @@ CASES = {
         "preempted_after_an_ecc_in_setup.log", exit_code=1,
         expect={"error_type": "ecc_error", "source": "log"},
         decisions=("requeue", "x:node-01", "x:node-01", "x:node-01", "requeue")),
+    # captured from the long chaos run: in cycle 2 rank 0 got the launcher's teardown SIGTERM after rank 1's Xid and
+    # wrote "stopped on a signal"; cycle 3's rank 1 fell off the bus in setup, before either rank wrote anything. The
+    # record is cycle 2's (written before cycle 3 started): the last cycle's Xid decides, not a free preemption
+    "stale_stop_record_then_xid_in_setup": case(
+        "stale_stop_record_then_xid_in_setup.log", exit_code=1, nodes=("node-02",),
+        stop_reason=signal_stop(4368, 4352, "2026-11-29 16:03:11.400", "step", "not needed"),
+        stop_reason_written="2026-11-29 16:03:11.450",
+        expect={"error_type": "xid_error", "source": "log"},
+        decisions=("requeue", "x:node-02", "x:node-02", "x:node-02", "requeue")),
+    # a record the last cycle wrote (a signal received in it, before its Xid) still decides; the presets that exclude
+    # after one attribution leave out the node cycle 2's Xid blamed, even on a free requeue
+    "stop_record_of_the_last_cycle": case(
+        "stale_stop_record_then_xid_in_setup.log", exit_code=1, nodes=("node-02",),
+        stop_reason=signal_stop(4368, 4352, "2026-11-29 16:03:14.500", "setup", "not needed"),
+        stop_reason_written="2026-11-29 16:03:14.600",
+        expect={"error_type": "preempted", "source": "stop_reason"},
+        decisions=("free", "free", "x:node-02", "x:node-02", "free")),
     "rerun_16": case(
         "rerun_16.log", exit_code=16, nodes=("nid004410",), stop_reason={"reason": "rerun:16", "step": 811,
                                                                           "exit_code": 16, "finished": False},
@@ -310,6 +333,9 @@ def lay_out(tmp_path, c: dict, policy: str | None, settings: dict | None = None)
         (job_dir / "sbatch_acct.gpt_77.out").write_bytes(open(os.path.join(CORPUS, c["batch"]), "rb").read())
     if c["stop_reason"]:
         (run_dir / "stop_reason.json").write_text(json.dumps(c["stop_reason"]))
+        if c["stop_reason_written"]:
+            written = local_time(c["stop_reason_written"])
+            os.utime(run_dir / "stop_reason.json", (written, written))
     flag = job_dir / "gpt_finished_flag"
     if c["flag"]:
         flag.write_text("")

@@ -23,6 +23,7 @@ trap's code (``attempts.end_attempt``) on those files, then the report on the ru
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from resilience_support.goodput_records import T0, save, start, steps, write_jsonl
@@ -137,6 +138,7 @@ def lay_out(tmp_path) -> tuple[JobLevelConfig, Ledger]:
     write_jsonl(run_dir / "metrics.jsonl", METRICS)
     (run_dir / "stop_reason.json").write_text(json.dumps({"reason": "signal", "step": 21, "exit_code": 0,
                                                           "finished": False}))
+    os.utime(run_dir / "stop_reason.json", (T0 + 171.5, T0 + 171.5))  # written when the last cycle's trainer ended
     write_jsonl(run_dir / "chaos_ledger.jsonl", [
         {"kind": "injection", "fault": fault, "expected": [kind], "job_id": "77", "slurm_restart": 0, "node": "node-01",
          "ok": True, "time": T0 + t} for t, fault, kind in INJECTED])

@@ -61,6 +61,25 @@ def _step_states(job_id: str, exit_code: int | None, start: dict[str, Any]) -> l
     return ev.step_state_signals(slurm.sacct_steps(job_id, str(start["job_name"])), since=start.get("time"))
 
 
+def _stop_record(path: str, start: dict[str, Any], files: ev.AttemptFiles, by: str) -> dict[str, Any] | None:
+    """The trainer's ``stop_reason.json`` when this attempt's last in-job cycle wrote it, else None.
+
+    The file outlives the process that wrote it. A rank of an earlier cycle that got the launcher's teardown SIGTERM
+    recorded "stopped on a signal"; when the last cycle's ranks died before writing one of their own (an Xid in
+    setup), that stale record read as the attempt's ending, a free preemption, and the node's failure went
+    uncounted (found twice by the long chaos run). The watcher also drops an earlier attempt's file."""
+    record = ev.read_json(path)
+    if record is None:
+        return None
+    written = os.path.getmtime(path)
+    if by == "watcher" and start.get("time") and written < float(start["time"]):
+        return None  # an earlier attempt's
+    last_cycle = files.launcher[-1].started if len(files.launcher) > 1 else None
+    if last_cycle is not None and written < last_cycle:
+        return None  # an earlier in-job cycle's
+    return record
+
+
 def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: int, exit_code: int | None,
                 slurm_state: str | None, by: str, nodes: list[str] | None = None, partition: str | None = None,
                 retries: int = 0, end_time: float | None = None, cluster_info: Cluster | None = None,
@@ -80,10 +99,7 @@ def end_attempt(cfg: JobLevelConfig, ledger: Ledger, *, job_id: str, restart: in
     records = ev.read_metrics(cfg.metrics) or foreign_records(ledger, files.files)
     mine = ev.attempt_records(records, job_id=job_id, restart=restart, since=start.get("time"), until=end_time)
     progress = ev.progress(records, mine, cfg.checkpoint_dir)
-    stop_reason = ev.read_json(cfg.stop_reason)
-    if stop_reason is not None and start.get("time") and by == "watcher":
-        if os.path.getmtime(cfg.stop_reason) < float(start["time"]):
-            stop_reason = None  # an earlier attempt's
+    stop_reason = _stop_record(cfg.stop_reason, start, files, by)
     evidence = AttemptEvidence(exit_code=exit_code, stop_reason=stop_reason, slurm_state=slurm_state,
                                signals=files.last_cycle_signals() + ev.metrics_signals(mine)
                                + ev.batch_signal(batch_signal) + _step_states(job_id, exit_code, start),
