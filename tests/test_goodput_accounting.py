@@ -235,6 +235,24 @@ def test_a_run_without_records_of_its_own_is_all_startup_or_failed_start():
     assert_tiles(acc)
 
 
+def test_faults_injected_into_an_attempt_that_never_trained_are_its_own():
+    """Found by the long chaos run: a rank hang landed in setup, then a preemption found the ranks hung; the attempt
+    wrote no record and its interruption was timed from its start, so both faults read as matched to no
+    interruption. The one its classification names ends it, the other is absorbed; the cost stays the window."""
+    hang = {"time": T0 + 3, "fault": "rank_hang", "expected": ["hang"]}
+    preempt = {"time": T0 + 29, "fault": "preempt", "expected": ["preempted"]}
+    later = {"time": T0 + 70, "fault": "gpu_ecc", "expected": ["ecc_error"]}
+    acc = account([AttemptWindow(index=0, start=T0, end=T0 + 60, ending="preempted"),
+                   AttemptWindow(index=1, start=T0 + 65, end=T0 + 71, ending="ecc_error", failure=True)], [],
+                  [hang, preempt, later])
+    first, second = acc.interruptions
+    assert (first.kind, first.injection, first.absorbed, first.fault_source, first.fault_time) == \
+        ("preemption", preempt, [hang], "injected", T0 + 29)
+    assert (second.kind, second.injection, second.absorbed, second.fault_source) == ("job", later, [], "injected")
+    assert acc.badput["restart_job"] == 66 and acc.queue_wait == 5  # both windows, as before
+    assert_tiles(acc)
+
+
 def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(tmp_path, monkeypatch):
     """With Slurm's record, a window is sacct's Start -> End (whole seconds; the trainer's last record may lie up to
     1 s past End); a job of another name under the same id (SLURM_CONF pointing at another cluster) is ignored."""

@@ -156,8 +156,15 @@ def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict
     segments: list[tuple[float, float, float, float, int]] = []
     if not cycles:  # the trainer never started in this window: all of it is startup (or a failed start)
         if w.failure or w.ending in PLANNED:
+            # what was injected while it set up ended it (a hang, then the preemption that found it hung; an ECC
+            # error before the first record): the fault the classification names, the others absorbed by it
+            found = _injections_in(injections, w.start, w.end + 1.0)  # Slurm's End has whole seconds
+            injected = _matched(found, w.ending)
+            fault = min(float(injected["time"]), w.end) if injected is not None else w.start
             acc.interruptions.append(Interruption(len(acc.interruptions), w.index, 0, _kind_of_ending(w), w.ending,
-                                                  w.start, "last sign of life", w.start, w.start))
+                                                  fault, "injected" if injected else "last sign of life", w.start,
+                                                  w.start, injection=injected,
+                                                  absorbed=[i for i in found if i is not injected]))
             items.append((w.start, w.end, _FAULT, RESTART_BUCKET[_kind_of_ending(w)], 0, None))
         else:
             items.append((w.start, w.end, _SETUP, "startup", 0, None))
