@@ -253,6 +253,19 @@ def test_faults_injected_into_an_attempt_that_never_trained_are_its_own():
     assert_tiles(acc)
 
 
+def test_a_save_the_windows_end_cut_is_a_save_stall_up_to_the_end():
+    """Found by the fresh-clone CI run's short chaos run: Slurm's End (whole seconds, + the 1 s the trainer's records
+    may lie past it) fell between a save's start and its record (written when it was durable), so the save's blocking
+    time, inside the window, was painted as the node failure's restart. Its part inside the window is a save."""
+    window = AttemptWindow(index=0, start=T0, end=T0 + 40, ending="node_fail", failure=True)
+    records = [start(5, process_start=1), *steps(1, 30, at=6, every=1, step_time=0.9),
+               save(30, 35.5, 0.6),  # recorded at 36.1: inside
+               save(31, 39.7, 0.6, reason="signal")]  # recorded at 40.3, 0.3 s past the end: 0.3 s of it inside
+    acc = account([window], records)
+    assert acc.badput["checkpoint_save"] == pytest.approx(0.6 + 0.3)
+    assert_tiles(acc)
+
+
 def test_allocation_is_slurms_start_to_end_and_another_clusters_job_is_ignored(tmp_path, monkeypatch):
     """With Slurm's record, a window is sacct's Start -> End (whole seconds; the trainer's last record may lie up to
     1 s past End); a job of another name under the same id (SLURM_CONF pointing at another cluster) is ignored."""

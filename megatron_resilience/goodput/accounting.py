@@ -148,7 +148,8 @@ def _inprocess_record(inprocess: list[dict[str, Any]], c: _Cycle, nxt: _Cycle) -
 
 
 def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict[str, Any]],
-             inprocess: list[dict[str, Any]], acc: Accounting, done: list[int]) -> list[Span]:
+             inprocess: list[dict[str, Any]], acc: Accounting, done: list[int],
+             late_saves: list[dict[str, Any]] = ()) -> list[Span]:
     cycles = _cycles(mine)
     for c, number in zip(cycles, cycle_numbers(len(cycles), w.unstarted)):
         c.ledger = number
@@ -203,6 +204,9 @@ def _attempt(w: AttemptWindow, mine: list[dict[str, Any]], injections: list[dict
             floor = _fault(w, c, kind, cause, injections, rec, boundary, nxt, acc, items, setups)
         elif not w.running and (w.failure or w.ending in PLANNED):
             _fault(w, c, _kind_of_ending(w), w.ending, injections, None, w.end, None, acc, items)
+    for rec in late_saves:  # begun inside the window, recorded after its end: its part inside is a save stall
+        begin = float(rec["start_time"])
+        items.append((begin, begin + save_blocking(rec), _SAVE, "checkpoint_save", cycles[-1].ledger, None))
     spans = pour(paint(w.start, w.end, items), segments)
     for s in spans:
         if s.bucket is None:
@@ -298,7 +302,10 @@ def account(windows: list[AttemptWindow], records: list[dict[str, Any]],
             acc.spans.append(Span(previous_end, w.start, QUEUE))
             acc.queue_wait += w.start - previous_end
         mine = [r for r in records if w.start <= _t(r) <= w.end and r.get("kind") != "inprocess_restart"]
-        acc.spans += _attempt(w, mine, injections, inprocess, acc, done)
+        # a save the window's end cut (Slurm's End has whole seconds; a node declared failed): its record comes later
+        late = [r for r in records if r.get("kind") == "checkpoint" and _t(r) > w.end and save_blocking(r) is not None
+                and r.get("start_time") is not None and w.start <= float(r["start_time"]) < w.end]
+        acc.spans += _attempt(w, mine, injections, inprocess, acc, done, late)
         acc.allocated += w.end - w.start
         previous_end = w.end if previous_end is None else max(previous_end, w.end)
     charge(acc)
