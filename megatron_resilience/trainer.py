@@ -162,6 +162,7 @@ def _train(config: PretrainConfig, rank: int, world_size: int, start_time: float
 
             inprocess.note_own_exception(err)
             raise
+        hooks.on_failure(err)  # the launcher's teardown SIGTERM from now on is no preemption
         why = lost_a_peer(err)
         if why is None:
             raise

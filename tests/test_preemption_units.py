@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _DURING_SETUP = """
@@ -32,6 +34,33 @@ os.kill(os.getpid(), signal.SIGTERM)
 os.kill(os.getpid(), signal.SIGTERM)
 assert handler_for("SIGTERM", rank=0) is handler
 print(handler.received, handler.count, handler.received_during, flush=True)
+"""
+
+
+# A survivor of a peer's death: its collective raised "Connection closed by peer" mid-step (here: raised by the
+# setup, which is stubbed; the lost-peer path and the handler are the real ones), it decided to exit 1, and
+# ft_launcher's teardown SIGTERM reaches it while it tears down (stubbed teardown sends it: the moment seen in
+# the long chaos run, tests/joblevel_corpus/stale_stop_record_then_xid_in_setup.log). The first stage
+# "after step 12" is where the handler would write "stopped on a signal, exit 0".
+_FAILED_THEN_TORN_DOWN = """
+import os, signal, sys, time
+from megatron_resilience import trainer
+from megatron_resilience.config import PretrainConfig, TrainingConfig
+from megatron_resilience.resilience.preemption import install_at_process_start
+from megatron_resilience.runtime.setup_timeline import SetupTimeline
+run_dir, where = sys.argv[1], sys.argv[2]
+config = PretrainConfig(run_dir=run_dir, train=TrainingConfig(exit_signal_handler=True, exit_signal="SIGTERM"))
+handler = install_at_process_start(True, "SIGTERM", run_dir=run_dir, checkpoint_root=None)
+def setup(config, hooks, start_time, timeline):
+    if where == "after a step":
+        hooks._phase("after step 12", 12)
+    raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:4471")
+def teardown():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("torn down:", handler.count, handler.received_during, flush=True)
+trainer._setup, trainer._teardown = setup, teardown
+trainer._train(config, 0, 2, time.monotonic(), SetupTimeline(), None, None)
 """
 
 
@@ -61,4 +90,15 @@ def test_signal_after_setup_is_only_recorded_and_a_second_one_changes_nothing(tm
     proc = _run(_AFTER_SETUP, str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "2", "step", "7"]
+    assert not (tmp_path / "stop_reason.json").exists()
+
+
+@pytest.mark.parametrize("where", ["in setup", "after a step"])
+def test_a_rank_leaving_for_a_lost_peer_stays_a_failure_when_the_launchers_sigterm_arrives(tmp_path, where):
+    proc = _run(_FAILED_THEN_TORN_DOWN, str(tmp_path), where)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "torn down: 1 failed (RuntimeError)" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert ("rank 0: lost contact with another rank (RuntimeError: Connection closed by peer); exiting with code 1 "
+            "so the launcher restarts the worker group") in proc.stderr
+    assert "nothing trained yet, exiting 0" not in proc.stderr
     assert not (tmp_path / "stop_reason.json").exists()

@@ -199,6 +199,12 @@ class ResilienceHooks(TrainingHooks):
 
     # --- the end --------------------------------------------------------------------------------------------
 
+    def on_failure(self, err: BaseException) -> None:
+        """A signal from now on is ft_launcher tearing down the group after this rank's own failure (a lost peer):
+        counted, never recorded as a stop (stop_reason.json would say "stopped on a signal, exit 0")."""
+        if self.signals is not None:
+            self.signals.mark_failed(err)
+
     def on_exit(self, state: TrainState, reason: str, *, checkpoint_step: int | None = None,
                 checkpoint_at_stop: str | None = None) -> None:
         """Every rank, once. Ends FT monitoring (learning final timeouts), marks completion, restores handlers."""

@@ -39,6 +39,11 @@ from types import FrameType
 from megatron_resilience.resilience.log import get_logger
 from megatron_resilience.resilience.stop_reason import append_metrics_record, write_stop_reason
 
+# The phase of a rank that is leaving with its own failure (``mark_failed``). A signal then is not a stop: it is
+# ft_launcher's SIGTERM to the survivors after another rank died, and the process exits 1 as it decided; recording
+# "stopped on a signal, exit 0" would make the next attempt read a preemption that never happened.
+FAILED = "failed"
+
 
 def _clock(wall: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall)) + f".{int(wall % 1 * 1000):03d}"
@@ -78,10 +83,17 @@ class DistributedSignalHandler:
         first = self.count == 0
         self.count += 1
         self.received = True
+        if self.phase.startswith(FAILED):
+            return  # the launcher tearing down a group this rank is already leaving with its own failure
         if self.phase == "setup" and self.run_dir is not None:
             self._leave_during_setup()
         elif first and self.rank == 0 and self.run_dir is not None and self.completed_step is not None:
             self._record_pending_stop()
+
+    def mark_failed(self, err: BaseException) -> None:
+        """This rank leaves with ``err`` (exit 1): a signal from now on is only counted, never a stop record or an
+        exit 0. Not for in-process restart, where the same process trains again."""
+        self.phase, self.completed_step = f"{FAILED} ({type(err).__name__})", None
 
     def _record_pending_stop(self) -> None:
         """stop_reason.json says "stopped by the signal" from the moment it arrives, before the ranks agree on

@@ -72,6 +72,9 @@ class TrainingHooks:
                     checkpoint_at_stop: str) -> None:
         """A graceful stop is under way: say so durably before the checkpoint at the stop is saved."""
 
+    def on_failure(self, err: BaseException) -> None:
+        """This process leaves with ``err`` (it exits 1; not called under in-process restart, which trains again)."""
+
     def on_exit(self, state: TrainState, reason: str, *, checkpoint_step: int | None = None,
                 checkpoint_at_stop: str | None = None) -> None:
         """Training is over for this process: reason is "finished" (max_steps) or the stop reason.
