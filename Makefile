@@ -24,6 +24,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The newest lane's environment (below) is built in the background from the start: test_plugins_golden.py asks
+# newer nvidia-resiliency-ext releases' own parsers and waits for it (scripts/newest/install.sh takes a lock).
 # The Slurm tests (tests/slurm/) mostly wait on the scheduler: they run next to the rest, in two pytest processes
 # of their own, one per cluster instance: SLURM_MULTINODE_TESTS on the multi-node instance (nodes set DOWN, jobs
 # across nodes), the others on the single-node cluster. The single-node cluster is started once first, so no two
@@ -34,6 +36,7 @@ TEST_WORKERS ?= 3
 SLURM_MULTINODE_TESTS ?= tests/slurm/test_leftover_jobs_on_slurm.py tests/slurm/test_chaos_on_slurm.py \
 	tests/slurm/test_multinode_on_slurm.py tests/slurm/test_node_down_on_slurm.py tests/slurm/test_elastic_on_slurm.py tests/slurm/test_inprocess_on_slurm.py
 test: lint
+	@(scripts/newest/install.sh $(NEWEST) > .newest-install.log 2>&1 &)  # for the release-parser tests, meanwhile
 	@scripts/slurm/start.sh >/dev/null 2>&1 || echo "scripts/slurm/start.sh failed; the Slurm tests will say why"
 	@$(PY) -m pytest $(SLURM_MULTINODE_TESTS) --durations=8 $(PYTEST_ARGS) > .pytest-slurm-multinode.log 2>&1 & multi=$$!; \
 	$(PY) -m pytest tests/slurm $(addprefix --ignore=,$(SLURM_MULTINODE_TESTS)) --durations=8 $(PYTEST_ARGS) \

@@ -14,6 +14,10 @@ TARGET=${1:-.venv-newest}
 PY=${PY:-.venv/bin/python}
 PINS=scripts/newest/pins.txt
 STAMP="$TARGET/.installed"
+# One installer at a time: `make test` starts one in the background while its tests may ask for the lane too
+# (tests/nvrx_releases.py); a second caller waits here and then finds it up to date.
+exec 8>"$TARGET.lock"
+flock 8
 pins=$(grep -v '^#' "$PINS" | grep -v '^$')
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$pins" ]; then
     echo "newest lane: up to date in $TARGET"
@@ -27,10 +31,10 @@ else
         --platform manylinux_2_39_x86_64 -d "$TARGET.wheels" "$nvrx"
     "$PY" -m zipfile -e "$TARGET.wheels"/nvidia_resiliency_ext-*.whl "$TARGET"
     # megatron-core and triton: cp311 wheels exist; only megatron-core's metadata asks for Python 3.12.
-    "$PY" -m pip install "${pip_q[@]}" --ignore-requires-python --target "$TARGET" \
+    "$PY" -m pip install "${pip_q[@]}" --no-compile --ignore-requires-python --target "$TARGET" \
         $(grep -v -e '^#' -e '^$' -e '^nvidia-resiliency-ext' "$PINS")
     # Pure-Python dependencies of nvidia-resiliency-ext >= 0.5 that the main .venv lacks (its launcher imports them).
-    "$PY" -m pip install -q --disable-pip-version-check --target "$TARGET" defusedxml nvidia-ml-py
+    "$PY" -m pip install -q --disable-pip-version-check --no-compile --target "$TARGET" defusedxml nvidia-ml-py
     rm -rf "$TARGET.wheels"
     echo "$pins" > "$STAMP"
 fi

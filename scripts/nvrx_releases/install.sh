@@ -12,6 +12,9 @@ cd "$(dirname "$0")/../.."
 RELEASE=${1:?usage: $0 RELEASE (e.g. 0.6.0)}
 PY=${PY:-.venv/bin/python}
 TARGET=.venv-nvrx/$RELEASE
+mkdir -p .venv-nvrx
+exec 8>"$TARGET.lock"  # test workers may ask for the same release at once: one unpacks, the others wait
+flock 8
 if [ ! -f "$TARGET/.installed" ]; then
     rm -rf "$TARGET" "$TARGET.wheel"
     mkdir -p "$TARGET" "$TARGET.wheel"
