@@ -157,9 +157,13 @@ def losses(run_dir: str) -> dict[int, float]:
 
 
 def classified_text(rows: list[dict]) -> str:
-    """``12`` classified as injected, ``12 + 1 absorbed`` when a fault landed before the previous was noticed."""
+    """``12`` classified as injected, ``12 + 1 absorbed`` when a fault landed before the previous was noticed, and
+    ``, 2 unexplained`` for faults classified as another kind, matched to no interruption or not carried out for
+    another reason than striking a node outside the job (what the report's ``none_misread`` says is none)."""
     matched, absorbed = sum(1 for i in rows if i["match"]), sum(1 for i in rows if i.get("absorbed_by"))
-    return f"{matched} + {absorbed} absorbed" if absorbed else str(matched)
+    unexplained = sum(1 for i in rows if not (i["match"] or i.get("absorbed_by") or i.get("outside_job")))
+    text = f"{matched} + {absorbed} absorbed" if absorbed else str(matched)
+    return text + (f", {unexplained} unexplained" if unexplained else "")
 
 
 # Losses after a resume at another data-parallel size agree with the run at the original size to float rounding

@@ -134,7 +134,7 @@ def test_a_preemptions_recovery_is_its_own_cost_signal_to_first_new_step(tmp_pat
     assert p.cost["restart_job"] == pytest.approx(5.0) and p.cost["checkpoint_save"] == pytest.approx(1.0)
     assert run.injected["all_classified"] and run.injected["by_fault"] == {
         "preempt": {"injected": 1, "classified_as_expected": 1, "as_expected": {"preempted": 1}, "as_another": {},
-                    "absorbed": [], "no_interruption": [], "not_done": []}}
+                    "absorbed": [], "no_interruption": [], "not_done": [], "outside_job": {}}}
     text = report.format_report(run)
     assert "goodput: 25.3% (productive training 9.6s of 38.0s allocated)" in text
     assert "queue wait (not allocated): 12.0s" in text
@@ -326,9 +326,10 @@ def test_a_fault_that_lands_before_the_previous_one_was_noticed_is_absorbed_by_t
                                           "process of job 7 on mn1)"
     absorbed_apart = summarize(acc, [hang, xid], [window])
     assert not absorbed_apart["all_classified"]  # an absorbed fault is never counted as classified
+    assert absorbed_apart["none_misread"] and not summary["none_misread"]  # ... nor as misread; an undone one is
     assert (absorbed_apart["as_expected"], absorbed_apart["absorbed"], absorbed_apart["as_another"]) == (1, 1, 0)
     assert format_injected(absorbed_apart)[:3] == [
-        "injected faults: 2 (NOT all classified as injected: 1 classified as injected, 1 absorbed by a fault that "
+        "injected faults: 2 (none misread: 1 classified as injected, 1 absorbed by a fault that "
         "landed before they were noticed (counted apart))",
         "  gpu_xid: injected 1, classified as expected 1 (xid_error)",
         "  rank_hang: injected 1, classified as expected 0; absorbed 1 (by the gpu_xid that ended attempt 0 cycle 0)"]
@@ -374,7 +375,29 @@ def test_the_injected_summary_says_what_each_fault_of_a_kind_was_classified_as_a
     assert summary["by_fault"]["gpu_ecc"] == {
         "injected": 5, "classified_as_expected": 1, "as_expected": {"ecc_error": 1},
         "as_another": {"xid_error": ["attempt 0 cycle 8"]}, "absorbed": ["by the gpu_xid that ended attempt 1 cycle 0"],
-        "no_interruption": [T0 + 90], "not_done": ["no rank process of job 7"]}
+        "no_interruption": [T0 + 90], "not_done": ["no rank process of job 7"], "outside_job": {}}
+
+def test_hardware_faults_that_struck_a_node_outside_the_job_are_counted_per_node_and_misread_nothing():
+    """``chaos --pool``: a fault that strikes an idle node costs the job nothing; the long chaos run listed 23 such
+    faults one reason each. They are counted per node, apart from faults chaos could not carry out."""
+    from megatron_resilience.goodput.buckets import Accounting, Interruption
+    from megatron_resilience.report.injected import format_injected, summarize
+
+    xid = {"time": T0 + 30, "fault": "gpu_xid", "expected": ["xid_error"]}
+    idle = [{"time": T0 + t, "fault": "gpu_xid", "expected": ["xid_error"], "ok": False, "outside_job": True,
+             "node": node, "why": f"struck {node}, a node outside job 7: its hardware fault costs the job nothing"}
+            for t, node in ((40, "mn2"), (50, "mn3"), (60, "mn2"))]
+    acc = Accounting(interruptions=[Interruption(0, 0, 0, "process", "xid_error", T0 + 30, "injected", T0 + 30,
+                                                 T0 + 31, injection=xid)])
+    summary = summarize(acc, [xid, *idle], [])
+    assert (summary["all_classified"], summary["none_misread"], summary["outside_job"], summary["not_done"]) == \
+        (False, True, 3, 0)
+    assert format_injected(summary)[:2] == [
+        "injected faults: 4 (none misread: 1 classified as injected, 3 struck a node outside the job)",
+        "  gpu_xid: injected 4, classified as expected 1 (xid_error); struck a node outside the job 3 (mn2 2, mn3 1)"]
+    broken = summarize(acc, [xid, {**idle[0], "outside_job": False}], [])  # not done for another reason: unexplained
+    assert not broken["none_misread"] and broken["not_done"] == 1
+
 
 def test_a_node_set_down_just_past_slurms_whole_second_end_is_the_attempts_fault():
     """NODE_FAIL ends the attempt at once and sacct's End has whole seconds: the injection at End + 0.7 s is the

@@ -8,8 +8,13 @@ second fault land during the first one's detection or recovery, as the world doe
 decision excluded come from the run's ledger.
 
 The report prints, per fault kind, what each injected fault was classified as and where (the attempt and in-job
-cycle whose ending it caused), the faults absorbed by another fault's ending apart (which ending), and the ones
-chaos could not carry out (why): a misclassification names the cycle to read.
+cycle whose ending it caused), the faults absorbed by another fault's ending apart (which ending), the hardware
+faults that struck a node outside the job (``chaos --pool``: by design, they cost the job nothing) per node, and
+the ones chaos could not carry out (why): a misclassification names the cycle to read.
+
+Two verdicts: ``all_classified`` (every injected fault caused an interruption classified as its kind) and
+``none_misread`` (no fault classified as another kind or matched to no interruption, and none left undone for
+another reason than striking an idle node): absorbed faults are listed apart, never counted as classified.
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[A
                      "attempt": intr.attempt if intr else None, "cycle": intr.cycle if intr else None,
                      "kind": intr.kind if intr else None, "exclusion_requested": excluded,
                      "hardware": bool(inj.get("hardware")), "done": inj.get("ok", True) is not False,
+                     "outside_job": inj.get("ok") is False and bool(inj.get("outside_job")),
                      "absorbed_by": (by or {}).get("fault") if absorbed else None})
         _count(kinds.setdefault(str(inj.get("fault")), {
             "injected": 0, "classified_as_expected": 0, "as_expected": {}, "as_another": {}, "absorbed": [],
-            "no_interruption": [], "not_done": []}), rows[-1], inj, intr)
+            "no_interruption": [], "not_done": [], "outside_job": {}}), rows[-1], inj, intr)
     applied: list[str] = []
     for w in windows:
         for node in w.decision.get("exclude_applied") or []:
@@ -58,11 +64,13 @@ def summarize(acc: Accounting, injections: list[dict[str, Any]], windows: list[A
     # once, named for another fault), so a misclassification cannot hide among them.
     return {"injections": rows, "by_fault": kinds, "excluded_nodes": applied,
             "all_classified": all(r["match"] for r in rows),
+            "none_misread": bool(rows) and all(r["match"] or r["absorbed_by"] or r["outside_job"] for r in rows),
             "as_expected": sum(1 for r in rows if r["match"]),
             "absorbed": sum(1 for r in rows if r["absorbed_by"]),
             "as_another": sum(1 for r in rows if r["classified"] is not None and not r["match"]),
             "no_interruption": sum(1 for r in rows if r["done"] and r["interruption"] is None),
-            "not_done": sum(1 for r in rows if not r["done"])}
+            "not_done": sum(1 for r in rows if not r["done"] and not r["outside_job"]),
+            "outside_job": sum(1 for r in rows if r["outside_job"])}
 
 
 def _count(k: dict[str, Any], row: dict[str, Any], inj: dict[str, Any], intr: Any) -> None:
@@ -70,7 +78,10 @@ def _count(k: dict[str, Any], row: dict[str, Any], inj: dict[str, Any], intr: An
     absorbed (by which fault's ending), matched to no interruption (when), or not carried out (why)."""
     k["injected"] += 1
     where = f"attempt {row['attempt']} cycle {row['cycle']}"
-    if inj.get("ok") is False:  # chaos could not carry it out: no fault happened, and the ledger says why
+    if row["outside_job"]:  # chaos --pool: a node the job does not hold failed (no fault happened to the job)
+        node = str(inj.get("node") or "?")
+        k["outside_job"][node] = k["outside_job"].get(node, 0) + 1
+    elif inj.get("ok") is False:  # chaos could not carry it out: no fault happened, and the ledger says why
         k["not_done"].append(str(inj.get("why") or inj.get("output") or "no reason recorded")[:160])
     elif intr is not None and row["classified"] is None:  # absorbed by the interruption of another fault
         k["absorbed"].append(f"by the {row['absorbed_by'] or 'fault'} that ended {where}")
@@ -94,8 +105,10 @@ def format_injected(summary: dict[str, Any]) -> list[str]:
         if absorbed else []
     counts += [f"{summary['no_interruption']} matched to no interruption"] if summary.get("no_interruption") else []
     counts += [f"{summary['not_done']} not done"] if summary.get("not_done") else []
-    lines = [f"injected faults: {len(summary['injections'])} ({'all' if summary['all_classified'] else 'NOT all'} "
-             f"classified as injected: {', '.join(counts)})"]
+    counts += [f"{summary['outside_job']} struck a node outside the job"] if summary.get("outside_job") else []
+    verdict = "all classified as injected" if summary["all_classified"] else \
+        "none misread" if summary.get("none_misread") else "NOT all classified as injected"
+    lines = [f"injected faults: {len(summary['injections'])} ({verdict}: {', '.join(counts)})"]
     for fault, k in sorted(summary["by_fault"].items()):
         types = sorted(k["as_expected"].items())
         named = types[0][0] if len(types) == 1 else ", ".join(f"{t} {n}" for t, n in types)
@@ -106,6 +119,9 @@ def format_injected(summary: dict[str, Any]) -> list[str]:
         parts += [f"matched to no interruption {len(k['no_interruption'])} (injected at "
                   f"{', '.join(_clock(t) for t in k['no_interruption'])})"] if k["no_interruption"] else []
         parts += [f"not done {len(k['not_done'])} ({', '.join(k['not_done'])})"] if k["not_done"] else []
+        outside = k.get("outside_job") or {}
+        parts += [f"struck a node outside the job {sum(outside.values())} (" + ", ".join(
+            f"{node} {n}" for node, n in sorted(outside.items())) + ")"] if outside else []
         lines.append(f"  {fault}: " + "; ".join(parts))
     lines.append(f"  nodes excluded by the job-level decision: {', '.join(summary['excluded_nodes']) or 'none'}")
     return lines
