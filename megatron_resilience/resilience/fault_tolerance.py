@@ -116,10 +116,13 @@ class FaultTolerance:
             if missing:
                 self.log.warning(f"ft_launcher config has no timeout for sections {sorted(missing)}: "
                                  "they are not monitored")
-        if self.rank == 0:
-            self.log.info(f"FT: connected to the rank monitor (mode={self.cfg.mode}); {self.describe_timeouts()}")
+        # `setup` first, at once: a connection that ends before its first section message, right after one that
+        # ended the same way's restart, leaves nvidia-resiliency-ext's rank monitor ABORTED for the rest of the job
+        # (docs/versions.md); the line below says the rank is monitored, not only connected.
         self._open("setup")
         self.setup_open = True
+        if self.rank == 0:
+            self.log.info(f"FT: connected to the rank monitor (mode={self.cfg.mode}); {self.describe_timeouts()}")
 
     def end_setup(self, *, loaded_checkpoint: bool) -> None:
         self.loaded_checkpoint = loaded_checkpoint
