@@ -87,9 +87,10 @@ def _nan(root):
 
 
 def _nan_validated(root):
-    run_dir = root / "nan_validated"  # short: both processes end at the suspicious step 3
-    return run_to_end(run_dir, base(run_dir) + fault("nan", 0, 3) + ["rerun.rerun_mode=validate_results"],
-                      max_restarts=1, timeout=WAIT)
+    run_dir = root / "nan_validated"  # short: both attempts end at the suspicious step 3
+    overrides = base(run_dir) + fault("nan", 0, 3) + ["rerun.rerun_mode=validate_results"]
+    run_to_end(run_dir, overrides, max_restarts=1, timeout=WAIT)  # 16: ft_launcher told not to restart
+    return run_to_end(run_dir, overrides, max_restarts=0, timeout=WAIT)  # the job level's requeue, same machine
 
 
 def _hung(root):
@@ -237,19 +238,21 @@ def test_a_nan_rejected_by_the_rerun_state_machine_restarts_in_process(runs):
 
 def test_a_nan_the_rerun_state_machine_validates_exits_16_to_a_process_restart_not_in_process(runs):
     """``rerun.rerun_mode=validate_results``: the NaN step is re-run in place, NaN again, saved with the diagnosis,
-    and the run exits 16 (re-run the step on other hardware), which an in-process restart cannot give: the wrapper
-    returns the code instead of restarting, ft_launcher restarts the processes, and they resume from the persistent
-    checkpoint that carries the diagnosis (the local copy of its step is discarded). The new processes run on the
-    same node, so Megatron-Core asks again (16) and the launcher's budget (one restart) hands over to the job level."""
+    and the run exits 16 (re-run the step on other hardware), which an in-process restart cannot give, and neither
+    can an in-job one (the same allocation): the wrapper returns the code instead of restarting, ft_launcher is told
+    not to restart, and the next attempt (the job level's requeue; here the same machine again) resumes from the
+    persistent checkpoint that carries the diagnosis (the local copy of its step is discarded). It runs on the same
+    node, so Megatron-Core asks again (16)."""
     ref, run = _get(runs, "reference"), _get(runs, "nan_validated")
     log = run.log()
     assert run.returncode != 0, log[-3000:]
     assert "nan on rank 0" in log and "Unexpected result nan on rank 0" in log
-    assert _ladder(run) == [("start", 0, 0, None, None), ("start", 1, 0, 2, "persistent")]
+    assert _ladder(run) == [("start", 0, 0, None, None), ("start", 0, 0, 2, "persistent")]
     assert "falling through to a process restart" not in log  # exit 16 is the function's result, not a fault
     assert log.count("rerun state machine: exiting with code 16 at step 3") == 2
     first = log.index("failed (exitcode: 16)")
-    assert "1/1 attempts left; will restart worker group" in log[first:], log[-3000:]
+    assert "WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload, description=rerun:16: do not restart)" \
+        in log[:first + 2000], log[-3000:]
     assert ("checkpoint: local checkpoints of step 2 and later discarded (the persistent checkpoint of step 2 carries "
             "the rerun state machine's diagnosis)") in log
     assert ("checkpoint: resuming from the persistent checkpoint of step 2 (the newest; found: memory none, local "

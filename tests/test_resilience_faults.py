@@ -92,9 +92,14 @@ def _heartbeats(root):
 
 
 def _rerun(root, kind):
-    return run_to_end(root / f"rerun_{kind}", [
-        "train.max_steps=12", "checkpoint.save_interval=4", "rerun.rerun_mode=validate_results",
-        "rerun.error_injection_rate=8", f"rerun.error_injection_type={kind}"], max_restarts=1, timeout=WAIT)
+    overrides = ["train.max_steps=12", "checkpoint.save_interval=4", "rerun.rerun_mode=validate_results",
+                 "rerun.error_injection_rate=8", f"rerun.error_injection_type={kind}"]
+    first = run_to_end(root / f"rerun_{kind}", overrides, max_restarts=1, timeout=WAIT)
+    if kind != "persistent_error":
+        return first
+    # 16 asks for other hardware: no in-job restart; the next attempt is the job-level requeue's (here: the same
+    # machine again), in the same run folder (its launcher log appended to the first's)
+    return run_to_end(root / f"rerun_{kind}", overrides, max_restarts=0, timeout=WAIT)
 
 
 def _straggler(root):
@@ -272,7 +277,7 @@ def test_5_sigterm_checkpoints_current_step_exits_0_and_resumes_without_loss_or_
     assert second.flag.exists() and second.stop_reason()["reason"] == "finished"
 
 
-def test_6_rerun_transient_error_exits_17_without_restart_and_persistent_exits_16_and_restarts(runs):
+def test_6_rerun_transient_error_exits_17_and_persistent_exits_16_both_without_an_in_job_restart(runs):
     r17, r16 = _get(runs, "rerun_17"), _get(runs, "rerun_16")
     log17 = r17.log()
     assert "Injecting error type Transient error" in log17
@@ -296,17 +301,21 @@ def test_6_rerun_transient_error_exits_17_without_restart_and_persistent_exits_1
     log16 = r16.log()
     assert "Injecting error type Persistent error" in log16
     first16 = log16.index("failed (exitcode: 16)")
-    assert "attempts left; will restart worker group" in log16[first16:]
+    assert "WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload, description=rerun:16: do not restart)" \
+        in log16[:first16 + 2000]
+    # ft_launcher 0.4.1 logs "will restart worker group" before it reads the request; then it restarts nothing
+    assert [r["attempt"]["in_job_restart"] for r in r16.records() if r["kind"] == "start"] == [0, 0]
+    assert log16.count("FT: connected to the rank monitor") == 2  # one per attempt
     saved = int(re.search(r"checkpoint: saved step (\d+) \(rerun state machine, exit code 16\)", log16).group(1))
-    assert f"setup: resumed at step {saved}" in log16  # the restart resumes from the checkpoint 16 asked for
+    assert f"setup: resumed at step {saved}" in log16  # the next attempt resumes from the checkpoint 16 asked for
     assert r16.returncode != 0 and not r16.flag.exists()  # 16: requeue (flag untouched)
     assert r16.stop_reason()["exit_code"] == 16
 
-    # The checkpoint carries the rerun state machine: the restart re-runs the suspicious step from it
+    # The checkpoint carries the rerun state machine: the next attempt re-runs the suspicious step from it
     # (RERUNNING_FROM_CHECKPOINT) on the data the step used (the sampler restarts at its first sample).
     first, resumed = log16[:first16], log16[first16:]
     iteration = int(re.search(r"Unexpected result \S+ on rank \d at iteration #(\d+)", first).group(1))
-    consumed = r16.train_records()[-1]["consumed_samples"]  # the restart trains no step: these are attempt 1's
+    consumed = r16.train_records()[-1]["consumed_samples"]  # the next attempt trains no step: these are the first's
     assert sorted(r16.losses()) == list(range(1, saved + 1))
     assert r16.losses() == r17.losses()  # same seed, same injection draw: the same steps, bitwise
     assert "Getting RerunStateMachine state from checkpoint. Will rerun step." in resumed

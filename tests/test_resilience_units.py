@@ -24,7 +24,8 @@ def test_exit_code_table():
                                                   "rerun:17")] == [0, 0, 0, 0, 16, 17]
     assert [exit_codes.marks_finished(r) for r in ("finished", "signal", "straggler", "duration", "rerun:16",
                                                    "rerun:17")] == [True, False, False, False, False, True]
-    assert exit_codes.stops_in_job_restarts("rerun:17") and not exit_codes.stops_in_job_restarts("rerun:16")
+    assert exit_codes.stops_in_job_restarts("rerun:17") and exit_codes.stops_in_job_restarts("rerun:16")
+    assert not any(exit_codes.stops_in_job_restarts(r) for r in ("finished", "signal", "straggler", "duration"))
     with pytest.raises(ValueError, match="unknown stop reason 'crashed'"):
         exit_codes.exit_code_for("crashed")
     from megatron.core import rerun_state_machine as rsm

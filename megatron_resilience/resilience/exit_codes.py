@@ -66,5 +66,8 @@ def marks_finished(reason: str) -> bool:
 
 
 def stops_in_job_restarts(reason: str) -> bool:
-    """Whether the rank asks ft_launcher not to restart the worker group after it exits."""
-    return reason == rerun_reason(FAILED_ON_RESULT_VALIDATION)
+    """Whether the rank asks ft_launcher not to restart the worker group after it exits: on 17 (the result failed
+    validation: nothing to restart) and on 16 (resume on other hardware: an in-job restart is the same allocation,
+    whose re-run only says "rescheduled on the same GPU" and exits 16 again; the job-level decision requeues the job
+    without the node)."""
+    return reason in (rerun_reason(FAILED_ON_RESULT_VALIDATION), rerun_reason(RESUME_TO_DISAMBIGUATE))
