@@ -8,6 +8,8 @@ save (``runtime/loop.save_at_stop``) finds it pending every time.
 - pending: the stop waits for the held save, commits it, then saves the signal's own step; both are complete,
   ``stop_reason.json`` says "saved" at that step, and the next attempt resumes there and finishes with every step
   exactly once and the losses of an uninterrupted run;
+- the same pending case with Megatron-FSDP (``parallel.data_parallel_strategy=megatron_fsdp``), whose async
+  saves are torch distributed checkpoint writes of its DTensors (``fsdp_dtensor``), not dist_checkpointing's;
 - failed: the held save's folder is removed while its writer waits (a lost file system, a full disk), so its commit
   fails: the stop stands (exit 0, stop_reason "failed" with the step it resumes from), each rank says so once,
   and the next attempt starts from the last complete checkpoint (none: step 0) and finishes.
@@ -32,12 +34,16 @@ HELD = 8.0  # the step-10 writer's wait: seconds the signal lands inside
 # rank 1 waits in every step (no CPU, no number changed): the signal after step 12 lands well inside the hold
 SLOW_STEPS = ["straggler.simulated_straggler_rank=1", "straggler.simulated_straggler_delay=0.3",
               "straggler.simulated_straggler_mode=wait"]
+# Megatron-FSDP in place of DDP's distributed optimizer (batch sizes as tests/test_megatron_fsdp.py: DP 2 x 4)
+FSDP = [f"train.max_steps={STEPS}", "checkpoint.async_save=true", "checkpoint.save_interval=10",
+        "train.exit_signal_handler=true", "parallel.data_parallel_strategy=megatron_fsdp",
+        "train.global_batch_size=8", "train.micro_batch_size=4"]
 WAIT = 900
 SCHEDULED = "checkpoint: scheduled async save of step 10"
 
 
-def _signalled(root, name: str, *, remove_held: bool):
-    first = launch(root / name, BASE + SLOW_STEPS + [f"checkpoint.simulated_slow_save={HELD}"], max_restarts=0)
+def _signalled(root, name: str, *, remove_held: bool, base=BASE):
+    first = launch(root / name, base + SLOW_STEPS + [f"checkpoint.simulated_slow_save={HELD}"], max_restarts=0)
     wait_for(lambda: first.proc.poll() is not None or SCHEDULED in first.log(), timeout=WAIT, interval=0.05,
              what="the step-10 async save")
     if remove_held:
@@ -48,7 +54,7 @@ def _signalled(root, name: str, *, remove_held: bool):
         os.kill(pid, signal.SIGTERM)
     first.wait(WAIT)
     first.extra.update(stop=first.stop_reason(), checkpoints=first.checkpoint_steps(), log=first.log())
-    second = launch(root / name, BASE, max_restarts=0)  # the requeued attempt (no hold: not the first attempt)
+    second = launch(root / name, base, max_restarts=0)  # the requeued attempt (no hold: not the first attempt)
     second.wait(WAIT)
     return first, second
 
@@ -60,7 +66,10 @@ def runs(tmp_path_factory):
         ref = pool.submit(run_to_end, root / "ref", BASE, timeout=WAIT, max_restarts=0)
         pending = pool.submit(_signalled, root, "pending", remove_held=False)
         failed = pool.submit(_signalled, root, "failed", remove_held=True)
-        return {"ref": ref.result(), "pending": pending.result(), "failed": failed.result()}
+        fsdp_ref = pool.submit(run_to_end, root / "fsdp_ref", FSDP, timeout=WAIT, max_restarts=0)
+        fsdp = pool.submit(_signalled, root, "fsdp_pending", remove_held=False, base=FSDP)
+        return {"ref": ref.result(), "pending": pending.result(), "failed": failed.result(),
+                "fsdp_ref": fsdp_ref.result(), "fsdp_pending": fsdp.result()}
 
 
 def _in_order(log: str, *needles: str) -> list[int]:
@@ -71,8 +80,10 @@ def _in_order(log: str, *needles: str) -> list[int]:
     return out
 
 
-def test_pending_save_is_committed_then_the_signals_step_is_saved(runs):
-    first, second = runs["pending"]
+@pytest.mark.parametrize("strategy", ["ddp", "megatron_fsdp"])
+def test_pending_save_is_committed_then_the_signals_step_is_saved(runs, strategy):
+    first, second = runs["pending" if strategy == "ddp" else "fsdp_pending"]
+    ref = runs["ref" if strategy == "ddp" else "fsdp_ref"]
     stop = first.extra["stop"]
     assert first.returncode == 0, first.extra["log"][-4000:]
     s = stop["step"]
@@ -85,7 +96,9 @@ def test_pending_save_is_committed_then_the_signals_step_is_saved(runs):
     assert first.extra["checkpoints"] == sorted({10, s}) and not list(first.ckpt.glob("*.tmp"))
     assert second.returncode == 0 and f"setup: resumed at step {s}" in second.log()
     assert [r["step"] for r in second.train_records(last_per_step=False)] == list(range(1, STEPS + 1))
-    assert second.losses() == runs["ref"].losses()
+    assert second.losses() == ref.losses()
+    if strategy == "megatron_fsdp":  # what was saved is Megatron-FSDP's own format
+        assert '"sharded_backend": "fsdp_dtensor"' in (first.ckpt / "iter_0000010" / "metadata.json").read_text()
 
 
 def test_failed_pending_save_leaves_the_stop_standing_and_the_next_attempt_starts_from_what_is_complete(runs):
