@@ -34,7 +34,8 @@ lint: $(STAMP)
 # waiting on launchers, timeouts and restarts.
 TEST_WORKERS ?= 3
 SLURM_MULTINODE_TESTS ?= tests/slurm/test_leftover_jobs_on_slurm.py tests/slurm/test_chaos_on_slurm.py \
-	tests/slurm/test_multinode_on_slurm.py tests/slurm/test_node_down_on_slurm.py tests/slurm/test_elastic_on_slurm.py tests/slurm/test_inprocess_on_slurm.py
+	tests/slurm/test_multinode_on_slurm.py tests/slurm/test_node_down_on_slurm.py tests/slurm/test_elastic_on_slurm.py tests/slurm/test_inprocess_on_slurm.py \
+	tests/slurm/test_sdc_on_slurm.py
 test: lint
 	@(scripts/newest/install.sh $(NEWEST) > .newest-install.log 2>&1 &)  # for the release-parser tests, meanwhile
 	@scripts/slurm/start.sh >/dev/null 2>&1 || echo "scripts/slurm/start.sh failed; the Slurm tests will say why"

@@ -11,7 +11,8 @@
 # those reserved nodes, so no other test's job runs there. With NODES=1 and FAULT_NODES=0 (the default)
 # the one node is `localhost` and the rendered config is the single-node one. With more, every node is a
 # slurmd of its own (Debian's slurm-wlm is built with MULTIPLE_SLURMD): NodeName=$NODE_PREFIX<i>, its own
-# port, spool dir, pid and log file, and its own cgroup (/slurm_<node>, under proctrack/cgroup).
+# port, spool dir, pid and log file, and its own cgroup (/slurm_<node>, under proctrack/cgroup), running in a UTS
+# namespace named after its node (its job steps see that host name; start.sh maps the names in /etc/hosts).
 HERE=${HERE:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 if [[ -n ${MR_SLURM_INSTANCE:-} ]]; then
   [[ -f $HERE/$MR_SLURM_INSTANCE.env ]] || { echo "scripts/slurm: no preset $HERE/$MR_SLURM_INSTANCE.env" >&2; exit 2; }

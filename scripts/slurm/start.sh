@@ -56,6 +56,21 @@ resume_nodes() {
     scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
   done < <(sinfo -h -N -o "%N %T %E" 2>/dev/null | sort -u)
 }
+# Multi-node: every slurmd runs in a UTS namespace of its own named after its node, so a job step on mn2 sees the
+# host name mn2 (`hostname`, os.uname()) as on a real cluster, where Megatron's rerun state machine tells hardware
+# apart by it and log lines name their node. /etc/hosts maps those names to the nodes' address (NodeAddr 127.0.0.1).
+node_named() { [[ $(nsenter --target "$2" --uts hostname 2>/dev/null) == "$1" ]]; }
+names_ok() {
+  multi_node || return 0
+  local node; for node in $(all_nodes); do node_named "$node" "$(pid_of "slurmd-$node")" || return 1; done
+}
+HOSTS_TAG="# mr-slurm $CLUSTER"
+hosts_line() { echo "127.0.0.1 $(all_nodes | xargs) $HOSTS_TAG"; }
+hosts_ok() { ! multi_node || grep -qxF "$(hosts_line)" /etc/hosts; }
+write_hosts() {  # rewritten in place: /etc/hosts may be a bind mount that a rename cannot replace
+  local kept; kept=$(grep -vF "$HOSTS_TAG" /etc/hosts || true)
+  printf '%s\n%s\n' "$kept" "$(hosts_line)" >/etc/hosts
+}
 all_alive() { local d; for d in "${DAEMONS[@]}"; do [[ -n $(pid_of "$d") ]] || [[ $d == munged ]] || return 1; done; }
 # Any daemon this instance started still running (also node daemons of a previous node layout).
 any_alive() {
@@ -80,7 +95,8 @@ install_conf cgroup.conf 644
 install_conf slurmdbd.conf 600
 rm -rf "$RENDERED"
 
-if [[ $changed -eq 0 ]] && all_alive && munge_ok && scontrol ping 2>/dev/null | grep -q UP && node_usable; then
+if [[ $changed -eq 0 ]] && all_alive && names_ok && hosts_ok && munge_ok && scontrol ping 2>/dev/null | grep -q UP &&
+   node_usable; then
   resume_nodes
   log "already running (state in $STATE)"
   describe
@@ -147,11 +163,23 @@ if [[ -z $(pid_of slurmctld) ]]; then
   wait_for 30 "slurmctld" bash -c "scontrol ping | grep -q UP"
   log "started slurmctld (pid $(<"$STATE/run/slurmctld.pid"))"
 fi
+multi_node && ! hosts_ok && write_hosts
 for node in $(all_nodes); do
   daemon=slurmd; multi_node && daemon=slurmd-$node
+  pid=$(pid_of "$daemon")
+  if multi_node && [[ -n $pid ]] && ! node_named "$node" "$pid"; then  # started before nodes had names of their own
+    kill -TERM "$pid"
+    for _ in $(seq 1 100); do [[ -z $(pid_of "$daemon") ]] && break; sleep 0.1; done
+    rm -f "$STATE/run/$daemon.pid"
+    log "restarting $daemon under its own host name"
+  fi
   if [[ -z $(pid_of "$daemon") ]]; then
     mkdir -p "$STATE/slurmd/$node"
-    /usr/sbin/slurmd -N "$node" 9>&-
+    if multi_node; then
+      unshare --uts /bin/sh -c 'hostname "$1" && exec /usr/sbin/slurmd -N "$1"' sh "$node" 9>&-
+    else
+      /usr/sbin/slurmd -N "$node" 9>&-
+    fi
     wait_for 30 "$daemon pid file" test -s "$STATE/run/$daemon.pid"
     log "started $daemon (pid $(<"$STATE/run/$daemon.pid"))"
   fi
