@@ -302,7 +302,7 @@ def test_6_rerun_transient_error_exits_17_and_persistent_exits_16_both_without_a
     assert "Injecting error type Persistent error" in log16
     first16 = log16.index("failed (exitcode: 16)")
     assert "WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload, description=rerun:16: do not restart)" \
-        in log16[:first16 + 2000]
+        in log16
     # ft_launcher 0.4.1 logs "will restart worker group" before it reads the request; then it restarts nothing
     assert [r["attempt"]["in_job_restart"] for r in r16.records() if r["kind"] == "start"] == [0, 0]
     assert log16.count("FT: connected to the rank monitor") == 2  # one per attempt
