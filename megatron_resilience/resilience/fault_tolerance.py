@@ -116,9 +116,9 @@ class FaultTolerance:
             if missing:
                 self.log.warning(f"ft_launcher config has no timeout for sections {sorted(missing)}: "
                                  "they are not monitored")
-        # `setup` first, at once: a connection that ends before its first section message, right after one that
-        # ended the same way's restart, leaves nvidia-resiliency-ext's rank monitor ABORTED for the rest of the job
-        # (docs/versions.md); the line below says the rank is monitored, not only connected.
+        # `setup` first, at once: a restarted worker whose connection ends before its first section message leaves
+        # nvidia-resiliency-ext's rank monitor ABORTED for the rest of the job (docs/versions.md); the line below
+        # says the rank is monitored, not only connected.
         self._open("setup")
         self.setup_open = True
         if self.rank == 0:
