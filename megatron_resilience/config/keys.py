@@ -122,6 +122,7 @@ MEANING = {
     "rerun.rerun_mode": "disabled, validate_results (re-run NaN/Inf steps) or report_stats",
     "rerun.check_for_nan_in_loss": "validate the loss for NaN and Inf",
     "rerun.check_for_spiky_loss": "also re-run steps whose loss is 10x the largest seen",
+    "rerun.continue_after_persistent_error": "train on when another GPU does not reproduce the NaN/Inf (else exit 17)",
     "rerun.error_injection_rate": "inject an error once in this many checks; 0 = never",
     "rerun.error_injection_type": "correct_result, transient_error or persistent_error",
     "rerun.result_rejected_tracker_filename": "file that counts rejected results across restarts",

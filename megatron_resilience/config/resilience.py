@@ -122,6 +122,11 @@ class RerunConfig:
     rerun_mode: str = "disabled"
     check_for_nan_in_loss: bool = True
     check_for_spiky_loss: bool = False
+    # After a move to other hardware, Megatron-Core re-runs the suspicious step from its checkpoint; when this GPU
+    # does not reproduce the first GPU's NaN/Inf (Megatron's "Possible persistent error": the first GPU computed
+    # wrong, and the job has left it), keep this GPU's result and train on instead of exiting 17 for a person.
+    # A result reproduced on the other GPU (the data or the code, not the chip) still exits 17.
+    continue_after_persistent_error: bool = True
     error_injection_rate: int = 0  # inject an error once every N checks on average; 0 disables
     error_injection_type: str = "transient_error"
     result_rejected_tracker_filename: str | None = None

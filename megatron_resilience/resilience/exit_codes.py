@@ -11,7 +11,7 @@ failure limit is reached (``FaultTolerancePlugin`` sets ``executor.retries`` =
 |---|---|---|---|---|---|
 | finished (`train.max_steps` reached) | 0 | saved at the last step | touched by rank 0 | group succeeded, launcher exits 0 | not requeued |
 | stopped with a checkpoint: exit signal (preemption), `train.exit_duration_in_mins`, straggler with `stop_if_detected` | 0 | saved at the current step | not touched | group succeeded, launcher exits 0 | requeued; recorded as a success, so no failure retry is spent |
-| rerun: resume to disambiguate (`EXIT_CODE_RESUME_TO_DISAMBIGUATE`) | 16 | saved at the step before the suspicious one (or already there) | not touched | worker group restarted, resumes and re-runs the step | requeued (counts as a failure retry) |
+| rerun: resume to disambiguate (`EXIT_CODE_RESUME_TO_DISAMBIGUATE`) | 16 | saved at the step before the suspicious one (or already there) | not touched | rank asks ft_launcher to shut down: no restart in the same allocation (the same GPU) | requeued without the node (counts as a failure retry); the next attempt re-runs the step there |
 | rerun: failed on result validation (`EXIT_CODE_FAILED_ON_RESULT_VALIDATION`) | 17 | saved when the state machine asks for one | touched by rank 0, with the reason in `run_dir/stop_reason.json` | rank asks ft_launcher to shut down (`WorkloadAction.ShutdownWorkload`): no restart, launcher exits non-zero | not requeued; the job ends FAILED |
 | crash, killed or hung rank (detected by an FT timeout) | non-zero / signal | the last periodic one | not touched | worker group restarted up to `max_restarts`, then the launcher exits non-zero | requeued until the failure limit |
 

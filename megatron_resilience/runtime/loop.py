@@ -27,13 +27,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from megatron_resilience.config import PretrainConfig
 from megatron_resilience.runtime.distributed import DistInfo
 from megatron_resilience.runtime.hooks import TrainingHooks
+from megatron_resilience.runtime.loss_checks import report_rerun_outcome, validate_loss
 from megatron_resilience.runtime.metrics import MetricsLogger
 from megatron_resilience.runtime.optimizer import loss_scale
 from megatron_resilience.runtime.state import TrainState
 
 log = logging.getLogger(__name__)
 
-SPIKY_LOSS_FACTOR = 10  # Megatron-LM's threshold: a loss 10x the largest seen so far is "spiky"
 
 # Stop reasons a run can end with (besides a rerun exit code).
 FINISHED = "finished"
@@ -70,26 +70,14 @@ class StepResult:
 
 
 def loss_func(config: PretrainConfig, loss_mask: torch.Tensor, output_tensor: torch.Tensor, poison: bool = False):
-    """Token-mean LM loss, validated by the rerun state machine the way Megatron-LM's ``pretrain_gpt`` does.
+    """Token-mean LM loss, validated by the rerun state machine (runtime/loss_checks.py).
     ``poison``: the chaos tool's silent data corruption (``rerun.accept_chaos_nan``): the loss is NaN."""
-    from megatron.core.rerun_state_machine import get_rerun_state_machine
-
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
     loss = torch.sum(losses * mask) / mask.sum().clamp(min=1)
     if poison:
         loss = loss * float("nan")
-    rerun = get_rerun_state_machine()
-    if config.rerun.check_for_nan_in_loss:
-        rerun.validate_result(result=loss, rejection_func=torch.isnan,
-                              message="found NaN in local forward loss calculation", tolerance=0.0, fatal=True)
-        rerun.validate_result(result=loss, rejection_func=torch.isinf,
-                              message="found Inf in local forward loss calculation", tolerance=0.0, fatal=True)
-    if config.rerun.check_for_spiky_loss:
-        rerun.validate_result(
-            result=loss,
-            rejection_func=partial(rerun.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR, context="loss"),
-            message="Spiky loss", tolerance=0.0, fatal=False)
+    validate_loss(config, loss)
     # A copy: the schedule divides the returned loss by num_microbatches in place.
     return loss, {"lm loss": loss.detach().clone()}
 
@@ -133,12 +121,13 @@ def reduce_loss(ctx: TrainContext, local: torch.Tensor | None) -> float:
 def train_step(ctx: TrainContext) -> StepResult:
     """Forward-backward (re-run while the rerun state machine asks), then the optimizer step."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    from megatron.core.rerun_state_machine import RerunState, get_rerun_state_machine
 
     from megatron_resilience.runtime.chaos_nan import poisoned
 
     config, state = ctx.config, ctx.state
     rerun = get_rerun_state_machine()
+    diagnosing = rerun.state == RerunState.WILL_RERUN_FROM_CHECKPOINT  # resumed to re-run this step elsewhere
     forward_backward = get_forward_backward_func()
     losses_reduced: list[dict] = []
     poison = poisoned(config, ctx.dist.rank)
@@ -157,6 +146,7 @@ def train_step(ctx: TrainContext) -> StepResult:
             forward_only=False,
         )
     should_checkpoint, should_exit, exit_code = rerun.should_checkpoint_and_exit()
+    report_rerun_outcome(rerun, diagnosing=diagnosing, step=state.step + 1, should_exit=should_exit)
     if should_exit:
         return StepResult(exit_code=exit_code, save_before_exit=should_checkpoint)
     update_successful, grad_norm, _ = state.optimizer.step()

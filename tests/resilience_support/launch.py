@@ -127,8 +127,11 @@ def write_ft_yaml(path: Path, timeouts: dict[str, float], *, safety_factor: floa
 
 def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeouts: dict | None = None,
            safety_factor: float = 5.0, fake_cupti: bool = False, heartbeats: tuple[float, float] | None = None,
-           module: str = "megatron_resilience", env: dict[str, str] | None = None) -> Run:
-    """Start ``ft_launcher --nproc-per-node=2 ... -m megatron_resilience run_dir=... <overrides>`` (not waiting)."""
+           module: str = "megatron_resilience", env: dict[str, str] | None = None, host: str | None = None) -> Run:
+    """Start ``ft_launcher --nproc-per-node=2 ... -m megatron_resilience run_dir=... <overrides>`` (not waiting).
+
+    ``host``: run it under that host name (a UTS namespace; needs root, as CI runs): what a requeue onto another
+    node looks like to Megatron-Core's rerun state machine, which tells hardware apart by host name."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "ft.yaml"
     write_ft_yaml(cfg, timeouts or {}, safety_factor=safety_factor, heartbeats=heartbeats)
@@ -140,6 +143,8 @@ def launch(run_dir: Path, overrides: list[str], *, max_restarts: int = 1, timeou
     cmd = [str(VENV_BIN / "ft_launcher"), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
            "--monitor-interval=0.5", "--workers-stop-timeout=15", f"--ft-cfg-path={cfg}", "-m", module,
            f"run_dir={run_dir}", f"checkpoint.save={run_dir / 'ckpt'}", "ft.enabled=true", *overrides]
+    if host is not None:  # exec: the process stays the launcher (its pid, its children, its process group)
+        cmd = ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$@"', "sh", *cmd]
     log = open(run_dir / "launcher.log", "ab")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return Run(run_dir=run_dir, proc=proc, started=time.monotonic(), ports=block)
