@@ -14,36 +14,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from slurm.chaos_benchmark import run_benchmark
 from slurm.test_chaos_on_slurm import MIX, MTBF, seed_with_one_of_each  # the same short mix, seed and MTBF
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 STEPS, SAVE_INTERVAL = 250, 20
 
 
 @pytest.fixture(scope="module")
 def short(multinode_cluster, slurm_cluster, slurm_tmp):
-    out = os.path.join(slurm_tmp, "chaos_megatron_lm")
-    path = os.path.join(out, "chaos.json")
-    env = {k: v for k, v in multinode_cluster.env.items() if not k.startswith("MR_SLURM_")}
-    env.pop("NEMORUN_HOME", None)  # the benchmark keeps its own under --out
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "chaos_megatron_lm.py"),
-                           "--mix", MIX, "--seed", str(seed_with_one_of_each()), "--mtbf", str(MTBF),
-                           "--max-count", "3", "--steps", str(STEPS), "--save-interval", str(SAVE_INTERVAL),
-                           "--step-delay", "0.05", "--repair", "20", "--job-minutes", "15", "--out", out,
-                           "--json", path], env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    with open(path) as f:
-        [run] = json.load(f)["runs"]
-    with open(os.path.join(out, "mlm-chaos.chaos.log")) as f:
-        chaos_log = f.read()
-    return {"run": run, "stdout": proc.stdout, "chaos_log": chaos_log}
+    return run_benchmark("chaos_megatron_lm.py", multinode_cluster, os.path.join(slurm_tmp, "chaos_megatron_lm"), [
+        "--mix", MIX, "--seed", str(seed_with_one_of_each()), "--mtbf", str(MTBF), "--max-count", "3",
+        "--steps", str(STEPS), "--save-interval", str(SAVE_INTERVAL), "--step-delay", "0.05", "--repair", "20",
+        "--job-minutes", "15"], log_name="mlm-chaos.chaos.log")
 
 
 def test_every_injected_fault_is_classified_as_its_kind_and_the_failed_node_is_excluded(short):

@@ -16,16 +16,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from megatron_resilience.chaos.mix import load_mix
 from megatron_resilience.chaos.runner import plan
 from megatron_resilience.report.inputs import parse_slurm_time
+from slurm.chaos_benchmark import run_benchmark
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 MIX = os.path.join(HERE, "chaos_short_mix.yaml")
 # Seed 6 gives 4.7 + 4.3 + 3.3 s of training between the faults; 250 steps of >= 50 ms (--step-delay) cover it.
 MTBF, STEPS = 3, 250
@@ -39,22 +38,11 @@ def seed_with_one_of_each() -> int:
 
 @pytest.fixture(scope="module")
 def short(multinode_cluster, slurm_cluster, slurm_tmp):
-    out = os.path.join(slurm_tmp, "chaos_short")
-    path = os.path.join(out, "chaos.json")
-    env = {k: v for k, v in multinode_cluster.env.items() if not k.startswith("MR_SLURM_")}
-    env.pop("NEMORUN_HOME", None)  # the benchmark keeps its own under --out
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), "--intervals", "young_daly",
-                           "--mix", MIX, "--seed", str(seed_with_one_of_each()), "--mtbf", str(MTBF),
-                           "--max-count", "3", "--steps", str(STEPS), "--step-delay", "0.05", "--repair", "20",
-                           "--job-minutes", "15", "--ranks-per-node", "2", "--out", out, "--json", path],
-                          env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    with open(path) as f:
-        data = json.load(f)
-    [run] = data["runs"]
-    with open(os.path.join(out, f"{run['name']}.chaos.log")) as f:  # what chaos did, and why a fault was not done
-        chaos_log = f.read()
-    return {"run": run, "data": data, "stdout": proc.stdout, "cluster": multinode_cluster, "chaos_log": chaos_log}
+    got = run_benchmark("chaos.py", multinode_cluster, os.path.join(slurm_tmp, "chaos_short"), [
+        "--intervals", "young_daly", "--mix", MIX, "--seed", str(seed_with_one_of_each()), "--mtbf", str(MTBF),
+        "--max-count", "3", "--steps", str(STEPS), "--step-delay", "0.05", "--repair", "20", "--job-minutes", "15",
+        "--ranks-per-node", "2"])
+    return {**got, "cluster": multinode_cluster}
 
 
 def test_every_injected_fault_is_classified_as_its_kind_and_the_failed_node_is_excluded(short):

@@ -22,13 +22,12 @@ import glob
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
+from slurm.chaos_benchmark import run_benchmark
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 MIX = os.path.join(HERE, "chaos_sdc_mix.yaml")
 MTBF, STEPS = 3, 150
 
@@ -36,26 +35,17 @@ MTBF, STEPS = 3, 150
 @pytest.fixture(scope="module")
 def sdc(multinode_cluster, slurm_cluster, slurm_tmp):
     out = os.path.join(slurm_tmp, "chaos_sdc")
-    path = os.path.join(out, "chaos.json")
-    env = {k: v for k, v in multinode_cluster.env.items() if not k.startswith("MR_SLURM_")}
-    env.pop("NEMORUN_HOME", None)  # the benchmark keeps its own under --out
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), "--intervals", "young_daly",
-                           "--mix", MIX, "--seed", "1", "--mtbf", str(MTBF), "--max-count", "1", "--steps", str(STEPS),
-                           "--step-delay", "0.05", "--job-minutes", "15", "--ranks-per-node", "2", "--out", out,
-                           "--json", path], env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    with open(path) as f:
-        data = json.load(f)
-    [run] = data["runs"]
-    [reference] = data["references"].values()
-    with open(os.path.join(out, f"{run['name']}.chaos.log")) as f:
-        chaos_log = f.read()
+    got = run_benchmark("chaos.py", multinode_cluster, out, [
+        "--intervals", "young_daly", "--mix", MIX, "--seed", "1", "--mtbf", str(MTBF), "--max-count", "1",
+        "--steps", str(STEPS), "--step-delay", "0.05", "--job-minutes", "15", "--ranks-per-node", "2"])
+    run, chaos_log = got["run"], got["chaos_log"]
+    [reference] = got["data"]["references"].values()
     attempt_logs = {}  # Slurm restart count -> that attempt's log (nemo_run's log-..._<job>_<restart>.out)
     for name in glob.glob(os.path.join(out, "**", f"*_{run['job']}_*.out"), recursive=True):
         with open(name, errors="replace") as f:
             attempt_logs[int(re.search(r"_(\d+)\.out$", name).group(1))] = f.read()
     return {"run": run, "chaos_log": chaos_log, "logs": attempt_logs, "cluster": multinode_cluster,
-            "stdout": proc.stdout, "reference_dir": reference["run_dir"]}
+            "stdout": got["stdout"], "reference_dir": reference["run_dir"]}
 
 
 def test_the_nan_is_classified_and_its_node_excluded(sdc):
