@@ -64,7 +64,7 @@ NEWEST_TESTS ?= tests/test_checkpoint.py tests/test_checkpoint_results_queue.py 
 	tests/test_plugins_golden.py tests/test_elastic_reshard.py tests/test_inprocess_units.py tests/test_local_checkpoint_units.py \
 	tests/test_inprocess_restart.py tests/test_signal_during_async_save.py tests/test_rank0_killed_each_moment.py \
 	tests/test_torch_fsdp2.py tests/test_data_parallel_strategy.py tests/test_megatron_fsdp.py tests/test_sdc_continues.py \
-	tests/test_loss_checks.py
+	tests/test_loss_checks.py tests/test_preemption_blocked_setup.py
 
 test-newest: $(STAMP)
 	scripts/newest/install.sh $(NEWEST)

@@ -15,7 +15,8 @@ no checkpoint (nothing was trained) and no agreement: each rank writes its log
 line, rank 0 the ``signal`` record and ``stop_reason.json`` (stopped by the
 signal, nothing lost), and the process exits 0 at once - setup on a loaded node
 can take longer than the launcher waits before it kills (30 s for torchrun by
-default). A signal at the very end of setup is agreed before the first step
+default) - also when the main thread is stuck in a C call then (``_watch_setup``). A signal at the very end of
+setup is agreed before the first step
 (``ResilienceHooks.stop_requested``). Only the launcher's and the interpreter's
 own start-up precede the handler.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from types import FrameType
 
@@ -43,6 +45,8 @@ from megatron_resilience.resilience.stop_reason import append_metrics_record, wr
 # ft_launcher's SIGTERM to the survivors after another rank died, and the process exits 1 as it decided; recording
 # "stopped on a signal, exit 0" would make the next attempt read a preemption that never happened.
 FAILED = "failed"
+# How long the setup watcher leaves the main thread to run the handler itself (it logs and exits the same way).
+SETUP_WATCH_GRACE_S = 1.0
 
 
 def _clock(wall: float) -> str:
@@ -67,12 +71,53 @@ class DistributedSignalHandler:
         self._reported = 0  # signals already logged
         self._previous = None
         self._installed = False
+        self._leaving = threading.Lock()  # one exit during setup: the handler's or the watcher's
+        self._wakeup: tuple[int, int] | None = None  # (previous wakeup fd, ours) while the setup watcher runs
 
     def install(self) -> None:
         if self._installed:
             return
         self._previous = signal.signal(self.signum, self._handle)
         self._installed = True
+        self._watch_setup()
+
+    def _watch_setup(self) -> None:
+        """Leave during setup even while the main thread is blocked in a C call.
+
+        Python runs a handler only in the main thread, between bytecodes: a rank in a C call of its setup never
+        runs it. Long-form run 6 met it: after an in-job restart, rank 0 left on the preemption at once and rank 1,
+        connecting to a TCPStore on rank 0 (torch retries inside C++ and swallows EINTR), stayed up until the
+        launcher's kill 2 minutes later. The interpreter's own C-level handler still writes the signal's number to
+        the wakeup fd at once; a thread reads it and, if the main thread has not left within
+        ``SETUP_WATCH_GRACE_S``, takes the same exit. After setup it does nothing: the steps return to Python and
+        the handler only records. Needs the main thread (``signal.set_wakeup_fd``); elsewhere the handler alone.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self._wakeup = (previous, write_end)
+        threading.Thread(target=self._read_wakeups, args=(read_end,), name="setup-signal-watcher",
+                         daemon=True).start()
+
+    def _read_wakeups(self, read_end: int) -> None:
+        while True:
+            try:
+                data = os.read(read_end, 64)
+            except OSError:
+                data = b""
+            if not data:  # the write end closed: ``restore``
+                os.close(read_end)
+                return
+            if self.signum not in data or self.phase != "setup" or self.run_dir is None:
+                continue
+            time.sleep(SETUP_WATCH_GRACE_S)
+            if self.phase == "setup":
+                if self.count == 0:  # the handler never ran: the main thread is in C
+                    self._handle(self.signum, None)
+                else:
+                    self._leave_during_setup()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Only record: a signal handler runs between bytecodes, possibly inside a collective or a write
@@ -109,8 +154,12 @@ class DistributedSignalHandler:
             "checkpoint_at_stop": "pending", "signal": self.describe()})
 
     def _leave_during_setup(self) -> None:
-        """Exit 0 now: nothing was trained, so nothing is lost. Only ``os``-level writes (see ``_handle``)."""
+        """Exit 0 now: nothing was trained, so nothing is lost. Only ``os``-level writes (see ``_handle``). Once:
+        the handler and the setup watcher may both get here."""
         from megatron_resilience.records.checkpoint_layout import read_tracker  # stdlib only at import
+
+        if not self._leaving.acquire(blocking=False):
+            return
 
         tracked = read_tracker(self.checkpoint_root) if self.checkpoint_root else None
         os.write(2, (f"[rank {self.rank}] megatron_resilience.resilience.preemption: received {self.signal_name} at "
@@ -150,6 +199,11 @@ class DistributedSignalHandler:
         if self._installed:
             signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
             self._installed = False
+        if self._wakeup is not None and threading.current_thread() is threading.main_thread():
+            previous, ours = self._wakeup
+            signal.set_wakeup_fd(previous)
+            os.close(ours)  # the watcher reads the end of its pipe and stops
+            self._wakeup = None
 
 
 _PROCESS_HANDLER: DistributedSignalHandler | None = None
