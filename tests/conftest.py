@@ -68,6 +68,21 @@ def _root_logging_restored():
         root.setLevel(level)
 
 
+@pytest.fixture
+def machine():
+    """Megatron-Core's real rerun state machine (VALIDATE_RESULTS), destroyed after the test (no process group)."""
+    from megatron.core.rerun_state_machine import (
+        RerunMode,
+        destroy_rerun_state_machine,
+        get_rerun_state_machine,
+        initialize_rerun_state_machine,
+    )
+
+    initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)
+    yield get_rerun_state_machine()
+    destroy_rerun_state_machine()
+
+
 def pytest_report_header(config):
     """Which upstream stack this run tests (the main lane, or the newest lane on PYTHONPATH)."""
     from megatron_resilience.upstream import installed_versions

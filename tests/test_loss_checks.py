@@ -13,20 +13,6 @@ from megatron_resilience.config import PretrainConfig, RerunConfig
 from megatron_resilience.runtime.loss_checks import fatal_check
 
 
-@pytest.fixture
-def machine():
-    from megatron.core.rerun_state_machine import (
-        RerunMode,
-        destroy_rerun_state_machine,
-        get_rerun_state_machine,
-        initialize_rerun_state_machine,
-    )
-
-    initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)
-    yield get_rerun_state_machine()
-    destroy_rerun_state_machine()
-
-
 def _config(tmp_path, **rerun) -> PretrainConfig:
     return PretrainConfig(run_dir=str(tmp_path), rerun=RerunConfig(rerun_mode="validate_results", **rerun))
 

@@ -8,23 +8,7 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
 from megatron_resilience.checkpointing import state_dict as checkpoint_state
-
-
-@pytest.fixture
-def machine():
-    from megatron.core.rerun_state_machine import (
-        RerunMode,
-        destroy_rerun_state_machine,
-        get_rerun_state_machine,
-        initialize_rerun_state_machine,
-    )
-
-    initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)
-    yield get_rerun_state_machine()
-    destroy_rerun_state_machine()
 
 
 def _saved(state):
